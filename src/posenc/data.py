@@ -1,0 +1,374 @@
+"""Corpora, tokenizer and the Lightning DataModule.
+
+Text is loaded with ``datasets``: from the Hugging Face hub by default, or from
+local files when a data directory is given (``paths.data_dir``, or the
+``POSENC_DATA_DIR`` environment variable). A byte-level BPE tokenizer is
+trained with ``tokenizers`` on the training split and cached on disk, keyed by
+the corpus contents and the tokenizer settings; the token ids of every split
+are cached beside it, so a second run neither retrains nor re-tokenizes.
+
+Training samples random contiguous windows; validation and test use
+non-overlapping windows of the training length.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from filelock import FileLock
+from torch.utils.data import DataLoader, Dataset
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+SPECIAL_TOKENS = ["<|endoftext|>", "[PAD]", "[CLS]", "[MASK]"]
+CACHE_VERSION = 1
+
+
+class DataError(ValueError):
+    """A problem with the data settings or files, worded for the user."""
+
+
+@dataclass
+class Corpus:
+    """Where a corpus comes from.
+
+    Args:
+        name: short name, part of the cache key.
+        root: local directory; when set, ``files`` are read from it and the
+            hub is not used. ``None`` means the hub.
+        files: split -> glob patterns relative to ``root``.
+        split_fractions: for corpora shipped as one split: the share of lines
+            (taken from the end, in order) that becomes validation and test.
+        hub: ``{"path": ..., "name": ...}`` for ``datasets.load_dataset``.
+        root_setting: the setting that sets ``root`` (named in errors).
+    """
+
+    name: str
+    root: str | None = None
+    files: dict[str, list[str]] = field(default_factory=dict)
+    split_fractions: dict[str, float] | None = None
+    hub: dict | None = None
+    text_column: str = "text"
+    root_setting: str = "paths.data_dir (or POSENC_DATA_DIR)"
+
+    @property
+    def source(self) -> str:
+        return "local" if self.root else "hub"
+
+    def local_files(self) -> dict[str, list[Path]]:
+        """Resolve and check the local files of every listed split."""
+        root = Path(self.root).expanduser()
+        if not root.is_dir():
+            raise DataError(
+                f"data directory {root} does not exist; set {self.root_setting} to the folder "
+                f"that holds the {self.name} files, or unset it to load from the hub"
+            )
+        out = {}
+        for split, patterns in self.files.items():
+            if not patterns:
+                continue
+            paths = sorted({Path(p) for pat in patterns for p in glob.glob(str(root / pat), recursive=True)})
+            paths = [p for p in paths if p.is_file()]
+            if not paths:
+                raise DataError(
+                    f"no {split} files matching {list(patterns)} under {root} for data={self.name}; "
+                    f"check {self.root_setting}"
+                )
+            for p in paths:
+                if p.stat().st_size == 0:
+                    raise DataError(f"{p} is empty; remove it or point {self.root_setting} elsewhere")
+            out[split] = paths
+        return out
+
+    def fingerprint(self) -> dict:
+        """What identifies the corpus contents (for cache keys)."""
+        if self.root:
+            files = self.local_files()
+            digest = {}
+            for split, paths in files.items():
+                h = hashlib.sha256()
+                for p in paths:
+                    h.update(p.name.encode())
+                    h.update(_check_utf8(p))
+                digest[split] = h.hexdigest()
+            return {"source": "local", "files": digest, "split_fractions": self.split_fractions}
+        if not self.hub:
+            raise DataError(
+                f"data={self.name} has no hub dataset; set {self.root_setting} to a folder of .txt files"
+            )
+        return {"source": "hub", "hub": dict(self.hub), "split_fractions": self.split_fractions}
+
+    def load(self):
+        """A ``datasets.DatasetDict`` with train/validation/test and a text column."""
+        import datasets
+
+        if self.root:
+            files = self.local_files()
+            ds = datasets.load_dataset(
+                "text", data_files={s: [str(p) for p in ps] for s, ps in files.items()}, keep_linebreaks=True
+            )
+        else:
+            hub = dict(self.hub)
+            try:
+                ds = datasets.load_dataset(hub.pop("path"), hub.pop("name", None), **hub)
+            except Exception as e:  # network or hub errors: say what to do offline
+                raise DataError(
+                    f"could not load data={self.name} from the hub ({type(e).__name__}: {e}); "
+                    f"offline, set {self.root_setting} to a local copy"
+                ) from e
+            if self.text_column != "text":
+                ds = ds.rename_column(self.text_column, "text")
+        if self.split_fractions:
+            ds = _split_by_fraction(ds["train"], self.split_fractions)
+        missing = [s for s in SPLITS if s not in ds]
+        if missing:
+            raise DataError(f"data={self.name} has no {missing} split; give files or split_fractions for it")
+        return ds
+
+
+def _check_utf8(path: Path) -> bytes:
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
+            f"`iconv -f latin1 -t utf-8`, or remove it from the data folder"
+        ) from e
+    return data
+
+
+def _split_by_fraction(train, fractions: dict[str, float]):
+    """Contiguous split of one dataset: train first, then validation, then test."""
+    import datasets
+
+    n = len(train)
+    n_val = int(n * fractions.get("validation", 0.0))
+    n_test = int(n * fractions.get("test", 0.0))
+    n_train = n - n_val - n_test
+    if min(n_train, n_val, n_test) <= 0:
+        raise DataError(f"split_fractions {dict(fractions)} leave an empty split of {n} lines")
+    return datasets.DatasetDict(
+        train=train.select(range(n_train)),
+        validation=train.select(range(n_train, n_train + n_val)),
+        test=train.select(range(n_train + n_val, n)),
+    )
+
+
+# ----------------------------------------------------------------- tokenizer
+def train_tokenizer(texts, vocab_size: int, min_frequency: int = 2):
+    """Byte-level BPE (GPT-2 style) trained on an iterator of strings."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(
+        texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=True
+    )
+    return tok
+
+
+def load_tokenizer(path: str | os.PathLike):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+@dataclass
+class PreparedData:
+    """Paths of a prepared corpus in the cache."""
+
+    directory: Path
+    meta: dict
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.directory / "tokenizer.json"
+
+    def tokens(self, split: str) -> np.ndarray:
+        return np.load(self.directory / f"{split}.npy", mmap_mode="r")
+
+
+def prepare(corpus: Corpus, cache_dir: str | os.PathLike, vocab_size: int, min_frequency: int = 2) -> PreparedData:
+    """Train (or reuse) the tokenizer and token-id arrays of ``corpus``.
+
+    The cache folder name is a hash of the corpus fingerprint and tokenizer
+    settings; a folder is complete once its ``meta.json`` exists (written last,
+    atomically), so an interrupted preparation is redone, never half-used.
+    """
+    key_src = {
+        "corpus": corpus.name,
+        "fingerprint": corpus.fingerprint(),
+        "vocab_size": vocab_size,
+        "min_frequency": min_frequency,
+        "special_tokens": SPECIAL_TOKENS,
+        "version": CACHE_VERSION,
+    }
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
+    directory = Path(cache_dir).expanduser().resolve() / f"{corpus.name}-v{vocab_size}-{key}"
+    meta_path = directory / "meta.json"
+    if meta_path.exists():
+        return PreparedData(directory, json.loads(meta_path.read_text()))
+    directory.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(directory) + ".lock"):  # parallel runs (DDP ranks, sweeps) prepare once
+        if meta_path.exists():
+            return PreparedData(directory, json.loads(meta_path.read_text()))
+        meta = _build(corpus, directory, key_src)
+    return PreparedData(directory, meta)
+
+
+def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
+    vocab_size, min_frequency = key_src["vocab_size"], key_src["min_frequency"]
+    meta_path = directory / "meta.json"
+    log.info("preparing data=%s (%s) into %s", corpus.name, corpus.source, directory)
+    ds = corpus.load()
+    train_text = ds["train"]["text"]
+    tok = train_tokenizer((t for t in train_text), vocab_size, min_frequency)
+    tmp = directory / "tokenizer.json.tmp"
+    tok.save(str(tmp))
+    os.replace(tmp, directory / "tokenizer.json")
+    tokenizer = load_tokenizer(directory / "tokenizer.json")
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 65536 else np.int32
+    counts = {}
+    for split in SPLITS:
+        encoded = ds[split].map(
+            lambda b: {"ids": [e.ids for e in tokenizer.encode_batch(b["text"])]},
+            batched=True,
+            remove_columns=ds[split].column_names,
+            desc=f"tokenizing {split}",
+            load_from_cache_file=False,
+        )
+        ids = np.fromiter((i for row in encoded["ids"] for i in row), dtype=dtype)
+        if ids.size < 2:
+            raise DataError(f"the {split} split of data={corpus.name} has fewer than 2 tokens")
+        with open(directory / f"{split}.npy.tmp", "wb") as f:
+            np.save(f, ids)
+        os.replace(directory / f"{split}.npy.tmp", directory / f"{split}.npy")
+        counts[split] = int(ids.size)
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update((directory / f"{split}.npy").read_bytes())
+    meta = {
+        **key_src,
+        "vocab_size_actual": tokenizer.get_vocab_size(),
+        "tokens": counts,
+        "source": corpus.source,
+        "root": str(Path(corpus.root).resolve()) if corpus.root else None,
+        "tokens_sha256": digest.hexdigest(),
+    }
+    tmp = directory / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, meta_path)
+    return meta
+
+
+# ------------------------------------------------------------------ datasets
+class RandomWindows(Dataset):
+    """Every contiguous window of ``seq_len + 1`` tokens; a shuffled sampler
+    makes them random. Item i is (input, target) = tokens[i : i+L], tokens[i+1 : i+L+1]."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        if len(tokens) < seq_len + 1:
+            raise DataError(f"the training split has {len(tokens)} tokens, fewer than seq_len+1={seq_len + 1}")
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self) -> int:
+        return len(self.tokens) - self.seq_len
+
+    def __getitem__(self, i: int):
+        w = torch.from_numpy(self.tokens[i : i + self.seq_len + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+
+class Windows(Dataset):
+    """Non-overlapping windows of ``seq_len`` scored tokens: window i predicts
+    tokens[i*L + 1 : i*L + L + 1] from tokens[i*L : i*L + L]. The tail that does not
+    fill a window is dropped."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+        self.n = (len(tokens) - 1) // seq_len
+        if self.n < 1:
+            raise DataError(f"a split of {len(tokens)} tokens holds no window of {seq_len}")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        s = i * self.seq_len
+        w = torch.from_numpy(self.tokens[s : s + self.seq_len + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+
+class LMDataModule(L.LightningDataModule):
+    """Language-model data: the corpus, its tokenizer and windowed loaders."""
+
+    def __init__(
+        self,
+        corpus: Corpus,
+        cache_dir: str,
+        vocab_size: int = 4096,
+        min_frequency: int = 2,
+        seq_len: int = 128,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        if seq_len < 1:
+            raise DataError(f"data.seq_len={seq_len} must be at least 1")
+        self.corpus = corpus
+        self.cache_dir = cache_dir
+        self.vocab_size = vocab_size
+        self.min_frequency = min_frequency
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.prepared: PreparedData | None = None
+
+    def prepare_data(self) -> None:
+        self.prepared = prepare(self.corpus, self.cache_dir, self.vocab_size, self.min_frequency)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.prepared is None:  # other ranks: the cache is complete now
+            self.prepared = prepare(self.corpus, self.cache_dir, self.vocab_size, self.min_frequency)
+
+    @property
+    def tokenizer_vocab_size(self) -> int:
+        if self.prepared is None:
+            self.prepare_data()
+        return int(self.prepared.meta["vocab_size_actual"])
+
+    def tokens(self, split: str) -> np.ndarray:
+        if self.prepared is None:
+            self.prepare_data()
+        return self.prepared.tokens(split)
+
+    def _loader(self, ds: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(
+            ds,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            drop_last=shuffle,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(RandomWindows(self.tokens("train"), self.seq_len), True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(Windows(self.tokens("validation"), self.seq_len), False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(Windows(self.tokens("test"), self.seq_len), False, self.eval_batch_size)

@@ -1,0 +1,134 @@
+"""A small pre-LN transformer (causal decoder or bidirectional encoder)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import Attention
+from .encodings.base import PositionalScheme
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 512
+    max_len: int = 1024
+    dropout: float = 0.0
+    causal: bool = True
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, scheme: PositionalScheme):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, scheme, cfg.causal, cfg.dropout)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
+        )
+
+    def forward(self, x: Tensor, pos: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos)
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    """Token embedding (x sqrt(d), Vaswani et al.) + scheme.embed, pre-LN blocks,
+    final LayerNorm, output head tied to the token embedding.
+
+    ``scheme_factory(d_model=, n_heads=, max_len=, causal=)`` builds a scheme; a
+    scheme with ``shared_across_layers`` is built once and handed to every layer
+    (T5, TUPE), otherwise each layer gets its own.
+    """
+
+    def __init__(self, cfg: ModelConfig, scheme_factory: Callable[..., PositionalScheme]):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(
+                f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}"
+            )
+        self.cfg = cfg
+        dims = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len, causal=cfg.causal)
+        first = scheme_factory(**dims)
+        schemes = [first] + [
+            first if first.shared_across_layers else scheme_factory(**dims) for _ in range(cfg.n_layers - 1)
+        ]
+        self.scheme = first  # the input-level scheme (embed); layers hold theirs
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.tok.weight, std=cfg.d_model**-0.5)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, s) for s in schemes)
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+
+    def positional_parameters(self) -> list[nn.Parameter]:
+        seen, out = set(), []
+        for m in [self.scheme] + [b.attn.scheme for b in self.blocks]:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def num_parameters(self) -> dict[str, int]:
+        total = sum(p.numel() for p in self.parameters())
+        positional = sum(p.numel() for p in self.positional_parameters())
+        return {"total": total, "positional": positional}
+
+    def check_length(self, length: int) -> None:
+        if length < 1:
+            raise ValueError(f"sequence length must be at least 1, got {length}")
+        for b in self.blocks:
+            b.attn.scheme.check_length(length)
+        self.scheme.check_length(length)
+
+    def embed(self, idx: Tensor, pos: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Word and position parts of the input, (B, T, D) each (position may be None)."""
+        word = self.tok(idx) * math.sqrt(self.cfg.d_model)
+        posn = self.scheme.embed(word, pos)
+        return word, posn
+
+    def forward(self, idx: Tensor, pos: Tensor | None = None) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, V). pos defaults to 0..T-1."""
+        B, T = idx.shape
+        if pos is None:
+            pos = torch.arange(T, device=idx.device)
+        word, posn = self.embed(idx, pos)
+        x = self.drop(word if posn is None else word + posn)
+        for block in self.blocks:
+            x = block(x, pos)
+        return self.ln_f(x) @ self.tok.weight.T
+
+    def loss(self, idx: Tensor, targets: Tensor, pos: Tensor | None = None, ignore_index: int = -100) -> Tensor:
+        logits = self(idx, pos)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+
+    @torch.no_grad()
+    def first_layer_terms(self, idx: Tensor, pos: Tensor | None = None) -> dict[str, Tensor]:
+        """First-layer logit terms (B, H, T, T) after splitting LN1(word + position).
+
+        LayerNorm is affine given the statistics of the full input x = w + p:
+        LN(x) = g (x - mu) / sigma + b = [g (w - mu_w) / sigma + b] + [g (p - mu_p) / sigma],
+        with mu = mu_w + mu_p, so the two parts sum exactly to the real input.
+        """
+        B, T = idx.shape
+        if pos is None:
+            pos = torch.arange(T, device=idx.device)
+        word, posn = self.embed(idx, pos)
+        x = word if posn is None else word + posn
+        ln = self.blocks[0].ln1
+        sigma = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + ln.eps)
+        h_word = ln.weight * (word - word.mean(-1, keepdim=True)) / sigma + ln.bias
+        h_posn = None
+        if posn is not None:
+            posn = posn.expand_as(word)
+            h_posn = ln.weight * (posn - posn.mean(-1, keepdim=True)) / sigma
+        return self.blocks[0].attn.terms(h_word, h_posn, pos)

@@ -1,0 +1,102 @@
+"""The LightningModule: loss, metrics, optimiser and schedule."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torchmetrics.text import Perplexity
+
+from .model import ModelConfig, Transformer
+
+
+def build_model(cfg: DictConfig | dict, vocab_size: int) -> Transformer:
+    """The Transformer a config describes (model group + encoding group + task)."""
+    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    model_kw = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
+    mcfg = ModelConfig(vocab_size=vocab_size, causal=bool(cfg.task.causal), **model_kw)
+    factory = instantiate(cfg.encoding.scheme)
+    return Transformer(mcfg, factory)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up to 1, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LMModule(L.LightningModule):
+    """Causal language modelling with any positional scheme.
+
+    ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
+    checkpoint so a model can be rebuilt from the checkpoint alone.
+    """
+
+    def __init__(self, cfg: dict[str, Any], vocab_size: int):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.cfg = OmegaConf.create(cfg)
+        self.model = build_model(self.cfg, vocab_size)
+        self.train_ppl = Perplexity()
+        self.val_ppl = Perplexity()
+        self.test_ppl = Perplexity()
+        self._t0: float | None = None
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def _step(self, batch, metric: Perplexity, stage: str):
+        x, y = batch
+        logits = self.model(x).float()  # (B, T, V)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite {stage} loss {loss.item()} at step {self.global_step} "
+                f"with encoding={self.cfg.encoding.name}"
+            )
+        metric(logits.detach(), y)
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
+        self.log(f"{stage}/ppl", metric, on_step=on_step, on_epoch=not on_step, prog_bar=stage != "train")
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, self.train_ppl, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, self.val_ppl, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, self.test_ppl, "test")
+
+    # tokens/s over the optimiser step, measured between batch start and end
+    def on_train_batch_start(self, batch, batch_idx):
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self._t0 is not None:
+            n = batch[0].numel() * self.trainer.world_size
+            self.log("train/tokens_per_s", n / (time.perf_counter() - self._t0), on_step=True, prog_bar=True)
+
+    def configure_optimizers(self):
+        o = self.cfg.optim
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            (decay if p.dim() >= 2 and "scheme" not in name else no_decay).append(p)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr,
+            betas=tuple(o.betas),
+        )
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 10_000
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: warmup_cosine(s, o.warmup_steps, total, o.min_lr_ratio)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

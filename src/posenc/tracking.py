@@ -1,0 +1,77 @@
+"""MLflow set-up and queries.
+
+Runs go to an SQLite store (``sqlite:///<abs path>``), never the old
+``./mlruns`` file store, with artifacts in a folder beside it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def sqlite_uri(path: str | Path) -> str:
+    """An absolute ``sqlite:///`` URI for a database file."""
+    return "sqlite:///" + str(Path(path).expanduser().resolve())
+
+
+def flatten(d: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """Nested mapping -> {"a.b.c": value}; lists become their string form."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key, sep))
+        else:
+            out[key] = v
+    return out
+
+
+def git_state(root: str | Path) -> dict[str, str]:
+    """Commit hash and dirty flag of the checkout at ``root`` ("unknown" outside git)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
+    except (OSError, subprocess.CalledProcessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
+    """Create the experiment if needed (do this before a parallel sweep); returns its id."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by another process
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def find_runs(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
+    """All runs of an experiment (any status), newest first."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"])
+
+
+def end_run_if_running(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
+    """Mark a run that is still RUNNING as ``status`` (used when training raises)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status)

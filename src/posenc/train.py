@@ -1,0 +1,185 @@
+"""Training: ``train(cfg)`` is a plain function; ``main`` is the Hydra wrapper.
+
+Order of work, so that bad input fails before anything is written:
+config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from . import tracking
+from .module import LMModule
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+class ConfigError(ValueError):
+    """An impossible combination of settings."""
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Refuse impossible settings early: builds the scheme alone (which checks
+    widths, rotary dims and directions) and checks the training length."""
+    m = cfg.model
+    if m.d_model % m.n_heads:
+        raise ConfigError(
+            f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
+            "pick a head count that divides the width"
+        )
+    scheme = instantiate(cfg.encoding.scheme)(
+        d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
+    )
+    if cfg.data.seq_len < 1:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
+    scheme.check_length(int(cfg.data.seq_len))
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    """Hydra's output folder, or a fresh one under paths.output_dir (compose API)."""
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        d = Path(cfg.paths.output_dir) / "runs" / f"{stamp}_{cfg.run_name}_{os.getpid()}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+def find_last_checkpoint(cfg: DictConfig) -> Path:
+    """The newest ``last.ckpt`` of a run with this run name under paths.output_dir."""
+    candidates = []
+    for meta in Path(cfg.paths.output_dir).glob("**/run.json"):
+        info = json.loads(meta.read_text())
+        ckpt = meta.parent / "checkpoints" / "last.ckpt"
+        if info.get("run_name") == cfg.run_name and ckpt.exists():
+            candidates.append(ckpt)
+    if not candidates:
+        raise FileNotFoundError(
+            f"ckpt_path=last: no last.ckpt of a run named {cfg.run_name!r} under {cfg.paths.output_dir}; "
+            "give ckpt_path=<path to a .ckpt> or start a fresh run"
+        )
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def resolve_resume(cfg: DictConfig) -> tuple[Path | None, dict]:
+    """(checkpoint to resume from, run.json of the run that wrote it)."""
+    if cfg.ckpt_path in (None, ""):
+        return None, {}
+    ckpt = find_last_checkpoint(cfg) if cfg.ckpt_path == "last" else Path(cfg.ckpt_path)
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
+    meta = ckpt.parent.parent / "run.json"
+    return ckpt, (json.loads(meta.read_text()) if meta.exists() else {})
+
+
+def build_logger(cfg: DictConfig, run_id: str | None):
+    if cfg.get("logger") is None:
+        return None
+    kw = {"run_id": run_id} if run_id else {}
+    if "tracking_uri" in cfg.logger:
+        tracking.ensure_experiment(cfg.logger.tracking_uri, cfg.logger.experiment_name, cfg.logger.get("artifact_location"))
+    return instantiate(cfg.logger, **kw)
+
+
+@rank_zero_only
+def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool) -> None:
+    """Params (once), tags and parameter counts of a new run."""
+    exp, run_id = logger.experiment, logger.run_id
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if not resumed:
+        params = {k: str(v)[:6000] for k, v in tracking.flatten(resolved).items()}
+        logger.log_hyperparams(params)
+    try:
+        overrides = " ".join(HydraConfig.get().overrides.task)
+    except ValueError:
+        overrides = ""
+    tags = {"encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
+            "overrides": overrides or "(none)", **tracking.git_state(cfg.paths.root)}
+    for k, v in tags.items():
+        exp.set_tag(run_id, k, v)
+    counts = module.model.num_parameters()
+    logger.log_metrics({"params/total": counts["total"], "params/positional": counts["positional"]}, step=0)
+
+
+@rank_zero_only
+def log_run_end(logger, out_dir: Path, tokenizer: Path, best_ckpt: str | None, log_checkpoint: bool) -> None:
+    exp, run_id = logger.experiment, logger.run_id
+    exp.log_artifact(run_id, str(out_dir / "config.yaml"))
+    exp.log_artifact(run_id, str(tokenizer))
+    if log_checkpoint:
+        last = out_dir / "checkpoints" / "last.ckpt"
+        for path in {best_ckpt, str(last) if last.exists() else None} - {None, ""}:
+            exp.log_artifact(run_id, path, artifact_path="checkpoints")
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train one model as ``cfg`` says; returns the final callback metrics."""
+    check_config(cfg)
+    ckpt, resumed_meta = resolve_resume(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()  # errors about data surface here, before any run exists
+    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size)
+
+    out_dir = Path(ckpt).parent.parent if ckpt else run_dir(cfg)
+    logger = build_logger(cfg, resumed_meta.get("mlflow_run_id"))
+    checkpoint = ModelCheckpoint(
+        dirpath=out_dir / "checkpoints",
+        filename="best-{step}",
+        monitor="val/loss",
+        mode="min",
+        save_top_k=1,
+        save_last=True,
+    )
+    trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=[checkpoint])
+    run_id = None
+    try:
+        if logger is not None:
+            run_id = logger.run_id
+            log_run_start(logger, cfg, module, resumed=bool(ckpt))
+        if trainer.is_global_zero:
+            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name}
+            (out_dir / "run.json").write_text(json.dumps(meta, indent=2))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+        if logger is not None:
+            log_run_end(
+                logger, out_dir, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
+                bool(cfg.get("log_checkpoint", True)),
+            )
+    except BaseException:
+        if logger is not None and run_id is not None and trainer.is_global_zero:
+            tracking.end_run_if_running(cfg.logger.tracking_uri, run_id, "FAILED")
+        raise
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    metrics["global_step"] = trainer.global_step
+    if trainer.is_global_zero:
+        log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    return metrics.get("val/loss")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Train one model: ``python train.py encoding=rope data=tinyshakespeare``.
+
+A sweep runs one process per point: ``python train.py -m encoding=none,rope,alibi``.
+"""
+
+from posenc.train import main
+
+if __name__ == "__main__":
+    main()
