@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 SPECIAL_TOKENS = ["<|endoftext|>", "[PAD]", "[CLS]", "[MASK]"]
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class DataError(ValueError):
@@ -260,6 +260,7 @@ def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
     meta = {
         **key_src,
         "vocab_size_actual": tokenizer.get_vocab_size(),
+        "special_ids": {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS},
         "tokens": counts,
         "source": corpus.source,
         "root": str(Path(corpus.root).resolve()) if corpus.root else None,
@@ -309,8 +310,52 @@ class Windows(Dataset):
         return w[:-1], w[1:]
 
 
+class MaskedWindows(Dataset):
+    """BERT-style masked-LM samples built from windows of another dataset.
+
+    Each sample is [CLS] followed by the first ``seq_len - 1`` tokens of a
+    window. Of the text tokens, ``mask_prob`` are chosen as targets; of those
+    80% become [MASK], 10% a random token and 10% stay (Devlin et al. 2019).
+    Targets elsewhere are -100 (ignored). With ``fixed_seed`` the masks of
+    sample i are the same every time (validation); otherwise they are drawn
+    from the global RNG (training).
+    """
+
+    def __init__(self, base: Dataset, special_ids: dict[str, int], vocab_size: int,
+                 mask_prob: float = 0.15, fixed_seed: int | None = None):
+        self.base, self.special_ids, self.vocab_size = base, special_ids, vocab_size
+        self.mask_prob, self.fixed_seed = mask_prob, fixed_seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        x, _ = self.base[i]
+        text = x[:-1]
+        gen = None
+        if self.fixed_seed is not None:
+            gen = torch.Generator().manual_seed(self.fixed_seed * 1_000_003 + i)
+        r = torch.rand(text.shape, generator=gen)
+        chosen = r < self.mask_prob
+        if not chosen.any():  # at least one target per sample
+            chosen[int(torch.randint(len(text), (1,), generator=gen))] = True
+        action = torch.rand(text.shape, generator=gen)
+        random_ids = torch.randint(len(SPECIAL_TOKENS), self.vocab_size, text.shape, generator=gen)
+        inp = text.clone()
+        inp[chosen & (action < 0.8)] = self.special_ids["[MASK]"]
+        swap = chosen & (action >= 0.8) & (action < 0.9)
+        inp[swap] = random_ids[swap]
+        target = torch.where(chosen, text, torch.full_like(text, -100))
+        cls = torch.tensor([self.special_ids["[CLS]"]])
+        return torch.cat((cls, inp)), torch.cat((torch.tensor([-100]), target))
+
+
 class LMDataModule(L.LightningDataModule):
-    """Language-model data: the corpus, its tokenizer and windowed loaders."""
+    """Language-model data: the corpus, its tokenizer and windowed loaders.
+
+    ``task`` is the task config: ``objective: causal`` gives next-token
+    windows, ``objective: mlm`` masked windows with a leading [CLS].
+    """
 
     def __init__(
         self,
@@ -322,6 +367,8 @@ class LMDataModule(L.LightningDataModule):
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        task: dict | None = None,
+        seed: int = 0,
     ):
         super().__init__()
         if seq_len < 1:
@@ -334,6 +381,8 @@ class LMDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
+        self.task = dict(task or {"objective": "causal"})
+        self.seed = seed
         self.prepared: PreparedData | None = None
 
     def prepare_data(self) -> None:
@@ -364,11 +413,26 @@ class LMDataModule(L.LightningDataModule):
             drop_last=shuffle,
         )
 
+    def _task_dataset(self, ds: Dataset, split: str) -> Dataset:
+        objective = self.task.get("objective", "causal")
+        if objective == "causal":
+            return ds
+        if objective == "mlm":
+            offset = {"train": None, "validation": 1, "test": 2}[split]
+            return MaskedWindows(
+                ds, self.prepared.meta["special_ids"], self.tokenizer_vocab_size, self.task.get("mask_prob", 0.15),
+                None if offset is None else self.seed + offset,
+            )
+        raise DataError(f"task.objective={objective!r} is not one of 'causal', 'mlm'")
+
     def train_dataloader(self) -> DataLoader:
-        return self._loader(RandomWindows(self.tokens("train"), self.seq_len), True, self.batch_size)
+        ds = self._task_dataset(RandomWindows(self.tokens("train"), self.seq_len), "train")
+        return self._loader(ds, True, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(Windows(self.tokens("validation"), self.seq_len), False, self.eval_batch_size)
+        ds = self._task_dataset(Windows(self.tokens("validation"), self.seq_len), "validation")
+        return self._loader(ds, False, self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(Windows(self.tokens("test"), self.seq_len), False, self.eval_batch_size)
+        ds = self._task_dataset(Windows(self.tokens("test"), self.seq_len), "test")
+        return self._loader(ds, False, self.eval_batch_size)

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from .model import ModelConfig, Transformer
@@ -32,8 +33,14 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+IGNORE = -100  # targets that are not scored (MLM: unmasked tokens)
+
+
 class LMModule(L.LightningModule):
-    """Causal language modelling with any positional scheme.
+    """Causal or masked language modelling with any positional scheme.
+
+    Perplexity is over scored tokens only (all tokens for ``task=lm``, the
+    masked targets for ``task=mlm``, where accuracy is reported too).
 
     ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
     checkpoint so a model can be rebuilt from the checkpoint alone.
@@ -44,9 +51,13 @@ class LMModule(L.LightningModule):
         self.save_hyperparameters(logger=False)
         self.cfg = OmegaConf.create(cfg)
         self.model = build_model(self.cfg, vocab_size)
-        self.train_ppl = Perplexity()
-        self.val_ppl = Perplexity()
-        self.test_ppl = Perplexity()
+        self.train_ppl = Perplexity(ignore_index=IGNORE)
+        self.val_ppl = Perplexity(ignore_index=IGNORE)
+        self.test_ppl = Perplexity(ignore_index=IGNORE)
+        self.is_mlm = self.cfg.task.objective == "mlm"
+        if self.is_mlm:
+            acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
+            self.val_acc, self.test_acc = acc(), acc()
         self._t0: float | None = None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -55,7 +66,7 @@ class LMModule(L.LightningModule):
     def _step(self, batch, metric: Perplexity, stage: str):
         x, y = batch
         logits = self.model(x).float()  # (B, T, V)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite {stage} loss {loss.item()} at step {self.global_step} "
@@ -65,6 +76,10 @@ class LMModule(L.LightningModule):
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
         self.log(f"{stage}/ppl", metric, on_step=on_step, on_epoch=not on_step, prog_bar=stage != "train")
+        if self.is_mlm and stage != "train":
+            acc = self.val_acc if stage == "val" else self.test_acc
+            acc(logits.detach().flatten(0, 1), y.flatten())
+            self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True)
         return loss
 
     def training_step(self, batch, batch_idx):

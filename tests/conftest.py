@@ -1,0 +1,72 @@
+"""Shared fixtures: real data from POSENC_DATA_DIR, configs through Hydra's compose API."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from posenc.train import CONFIG_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def data_dir() -> Path:
+    d = Path(os.environ.get("POSENC_DATA_DIR", REPO.parent / "shared" / "data"))
+    if not (d / "wikitext-2" / "train.txt").exists():
+        pytest.fail(f"the tests need the local corpora: set POSENC_DATA_DIR (looked in {d})")
+    return d
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    return data_dir()
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """One tokenizer/token cache for the whole test session (and across sessions)."""
+    d = REPO / ".cache" / "posenc"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+FAST = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "trainer.max_steps=20",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=4",
+    "trainer.log_every_n_steps=2",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "log_checkpoint=false",
+]
+
+
+@pytest.fixture
+def make_cfg(tmp_path, data_root, cache_dir):
+    """compose(overrides) with the project root in tmp_path and the shared cache."""
+
+    def make(*overrides: str):
+        base = [f"paths.root={tmp_path}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            return compose("train", overrides=base + FAST + list(overrides))
+
+    return make
+
+
+def cli_env(tmp_path: Path, data_root: Path, cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(POSENC_ROOT=str(tmp_path), POSENC_DATA_DIR=str(data_root), PYTHONUNBUFFERED="1")
+    return env
+
+
+def cli_overrides(cache_dir: Path) -> list[str]:
+    return [f"paths.cache_dir={cache_dir}"] + FAST

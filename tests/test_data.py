@@ -1,0 +1,80 @@
+"""Corpora, tokenizer cache, windows and masking on the real local files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from posenc.data import SPECIAL_TOKENS, Corpus, DataError, MaskedWindows, RandomWindows, Windows, prepare
+
+
+def test_tokenizer_and_tokens_are_cached(tmp_path, data_root):
+    corpus = Corpus(
+        name="tinyshakespeare", root=str(data_root), files={"train": ["tinyshakespeare/input.txt"]},
+        split_fractions={"validation": 0.05, "test": 0.05},
+    )
+    first = prepare(corpus, tmp_path, vocab_size=512)
+    assert first.meta["source"] == "local" and first.meta["vocab_size_actual"] == 512
+    assert set(first.meta["tokens"]) == {"train", "validation", "test"}
+    stamp = (first.directory / "train.npy").stat().st_mtime_ns
+    second = prepare(corpus, tmp_path, vocab_size=512)  # reused, not rebuilt
+    assert second.directory == first.directory
+    assert (second.directory / "train.npy").stat().st_mtime_ns == stamp
+    other = prepare(corpus, tmp_path, vocab_size=600)  # new settings, new cache entry
+    assert other.directory != first.directory
+    # the validation split is the 5% of lines after the training lines, in order
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(first.tokenizer_path))
+    text = tok.decode(first.tokens("validation")[:200].tolist())
+    lines = (data_root / "tinyshakespeare" / "input.txt").read_text().splitlines(keepends=True)
+    n_train = len(lines) - 2 * int(len(lines) * 0.05)
+    assert text.startswith("".join(lines[n_train : n_train + 3])[:40])
+
+
+def test_non_utf8_file_is_refused(tmp_path):
+    (tmp_path / "good.txt").write_text("hello world\n" * 50)
+    (tmp_path / "bad.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    corpus = Corpus(name="text", root=str(tmp_path), files={"train": ["*.txt"]},
+                    split_fractions={"validation": 0.1, "test": 0.1}, root_setting="data.corpus.root")
+    with pytest.raises(DataError, match="bad.txt is not UTF-8"):
+        prepare(corpus, tmp_path / "cache", vocab_size=300)
+
+
+def test_empty_folder_is_refused(tmp_path):
+    corpus = Corpus(name="text", root=str(tmp_path), files={"train": ["**/*.txt"]}, root_setting="data.corpus.root")
+    with pytest.raises(DataError, match="data.corpus.root"):
+        prepare(corpus, tmp_path / "cache", vocab_size=300)
+
+
+def test_windows():
+    tokens = np.arange(103, dtype=np.uint16)
+    val = Windows(tokens, 10)
+    assert len(val) == 10
+    x, y = val[3]
+    assert x.tolist() == list(range(30, 40)) and y.tolist() == list(range(31, 41))
+    train = RandomWindows(tokens, 10)
+    x, y = train[len(train) - 1]
+    assert y[-1].item() == 102 and torch.equal(x[1:], y[:-1])
+
+
+def test_masking_follows_bert_rule():
+    ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    tokens = (np.arange(200_001) % 1000 + 10).astype(np.uint16)
+    base = Windows(tokens, 200)
+    ds = MaskedWindows(base, ids, vocab_size=1010, mask_prob=0.15, fixed_seed=1)
+    xs, ys = zip(*(ds[i] for i in range(len(ds))))
+    x, y = torch.stack(xs), torch.stack(ys)
+    assert x.shape == (len(ds), 200)
+    assert (x[:, 0] == ids["[CLS]"]).all() and (y[:, 0] == -100).all()
+    chosen = y != -100
+    assert abs(chosen[:, 1:].float().mean().item() - 0.15) < 0.005
+    orig = torch.stack([base[i][0][:-1] for i in range(len(ds))])
+    assert torch.equal(y[:, 1:][chosen[:, 1:]], orig[chosen[:, 1:]])
+    masked = (x[:, 1:] == ids["[MASK]"])[chosen[:, 1:]].float().mean().item()
+    kept = (x[:, 1:] == orig)[chosen[:, 1:]].float().mean().item()
+    assert abs(masked - 0.8) < 0.01 and abs(kept - 0.1) < 0.01
+    assert not (x[:, 1:][~chosen[:, 1:]] == ids["[MASK]"]).any()
+    # validation masks are the same every time
+    assert torch.equal(ds[5][0], ds[5][0])

@@ -1,0 +1,139 @@
+"""The training spine end to end, on real WikiText-2 with the real libraries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlflow
+import pytest
+import torch
+
+from posenc.data import DataError
+from posenc.tracking import find_runs
+from posenc.train import ConfigError, train
+
+from .conftest import REPO, cli_env, cli_overrides
+
+
+def runs_of(root, experiment="posenc"):
+    return find_runs(f"sqlite:///{root}/mlflow.db", experiment)
+
+
+def test_default_config_trains_and_logs(make_cfg, tmp_path):
+    cfg = make_cfg("trainer.max_steps=50", "trainer.val_check_interval=25", "log_checkpoint=true")
+    assert cfg.encoding.name == "rope" and cfg.data.corpus.name == "wikitext2"
+    metrics = train(cfg)
+    assert metrics["global_step"] == 50
+    assert torch.isfinite(torch.tensor(metrics["val/loss"]))
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "rope-lm-s0"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    history = [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert len(history) >= 10 and all(torch.isfinite(torch.tensor(history)))
+    assert sum(history[-3:]) / 3 < sum(history[:3]) / 3 - 0.25, history
+    for key in ("val/loss", "val/ppl", "train/ppl", "train/tokens_per_s", "params/total", "params/positional"):
+        assert key in run.data.metrics, key
+    assert run.data.params["encoding.name"] == "rope"
+    assert run.data.params["model.d_model"] == "32"
+    assert run.data.tags["encoding"] == "rope" and run.data.tags["task"] == "lm"
+    assert "git_commit" in run.data.tags
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "tokenizer.json", "checkpoints"} <= artifacts
+
+
+def test_same_seed_same_validation_loss(make_cfg):
+    a = train(make_cfg("trainer.max_steps=10", "encoding=alibi"))
+    b = train(make_cfg("trainer.max_steps=10", "encoding=alibi"))
+    assert a["val/loss"] == b["val/loss"]
+
+
+def test_resume_from_last_continues_step_and_optimizer(make_cfg, tmp_path):
+    first = train(make_cfg("trainer.max_steps=10", "encoding=t5_bias"))
+    assert first["global_step"] == 10
+    second = train(make_cfg("trainer.max_steps=20", "encoding=t5_bias", "ckpt_path=last"))
+    assert second["global_step"] == 20
+    (run,) = runs_of(tmp_path)  # the same MLflow run continued
+    assert run.info.status == "FINISHED"
+    (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert state["global_step"] == 20
+    adam_steps = {float(s["step"]) for s in state["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {20.0}
+    assert state["lr_schedulers"][0]["last_epoch"] == 20
+
+
+def test_missing_data_directory_names_path_and_setting(make_cfg, tmp_path):
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(DataError, match="paths.data_dir") as err:
+        train(make_cfg(f"paths.data_dir={missing}"))
+    assert str(missing) in str(err.value)
+    assert runs_of(tmp_path) == []
+
+
+def test_sequence_longer_than_learned_table(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="model.max_len=16"):
+        train(make_cfg("encoding=learned", "model.max_len=16"))
+    assert runs_of(tmp_path) == []
+
+
+def test_heads_must_divide_width(make_cfg):
+    with pytest.raises(ConfigError, match="model.n_heads"):
+        train(make_cfg("model.n_heads=3"))
+
+
+def test_failure_during_fit_marks_run_failed(make_cfg, tmp_path):
+    # a learning rate of inf drives the loss to nan: training must stop, run FAILED
+    with pytest.raises(FloatingPointError, match="encoding=rope"):
+        train(make_cfg("optim.lr=1e30", "optim.warmup_steps=1"))
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FAILED"
+
+
+def _cli(tmp_path, data_root, cache_dir, *args, timeout=600):
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=tmp_path,
+        env=cli_env(tmp_path, data_root, cache_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_unknown_encoding_lists_options_and_writes_nothing(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, "encoding=nope")
+    assert r.returncode != 0
+    assert "Could not find 'encoding/nope'" in r.stderr
+    assert "rope" in r.stderr and "alibi" in r.stderr  # the available options are listed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multirun_two_encodings(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, "-m", "encoding=none,alibi", *cli_overrides(cache_dir),
+             "trainer.max_steps=5", "trainer.val_check_interval=5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = runs_of(tmp_path)
+    assert sorted(x.info.run_name for x in runs) == ["alibi-lm-s0", "none-lm-s0"]
+    assert {x.info.status for x in runs} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_one_run(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, "trainer=ddp", *cli_overrides(cache_dir),
+             "trainer.max_steps=6", "trainer.val_check_interval=3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "distributed_backend=gloo" in r.stdout + r.stderr
+    assert "All distributed processes registered. Starting with 2 processes" in r.stdout + r.stderr
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["train/tokens_per_s"] > 0
+
+
+def test_masked_lm_task(make_cfg, tmp_path):
+    metrics = train(make_cfg("task=mlm", "encoding=alibi"))
+    assert 0.0 <= metrics["val/acc"] <= 1.0 and metrics["val/ppl"] > 1
+    (run,) = runs_of(tmp_path)
+    assert run.info.run_name == "alibi-mlm-s0" and run.info.status == "FINISHED"
+    assert "val/acc" in run.data.metrics
