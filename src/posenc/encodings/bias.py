@@ -98,3 +98,107 @@ class T5Bias(PositionalScheme):
             relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
         )
         return self.table(buckets).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
+class Kerple(PositionalScheme):
+    """KERPLE, logarithmic variant (Chi, Fan, Ramadge & Rudnicky 2022, "KERPLE:
+    Kernelized Relative Positional Embedding for Length Extrapolation", eq. for
+    the log kernel): bias_h(i, j) = -r1_h * log(1 + r2_h * |i - j|), r1, r2 > 0
+    learned per head, one pair per layer.
+
+    Positivity is kept with a softplus reparametrisation (the paper clamps the
+    raw values instead). Bidirectional attention uses the same symmetric |i - j|.
+    The tests compare it with the formula evaluated directly.
+
+    Args:
+        init_r1, init_r2: ranges (low, high) of the uniform initial values.
+    """
+
+    has_bias = True
+    shared_across_layers = False
+
+    def __init__(
+        self, *, init_r1: tuple[float, float] = (0.5, 2.0), init_r2: tuple[float, float] = (0.1, 1.0), **kw
+    ):
+        super().__init__(**kw)
+
+        def inv_softplus(lo_hi):
+            lo, hi = float(lo_hi[0]), float(lo_hi[1])
+            if not 0 < lo <= hi:
+                raise ValueError(f"KERPLE initial range {lo_hi} must satisfy 0 < low <= high")
+            x = lo + torch.rand(self.n_heads) * (hi - lo)
+            return x + torch.log(-torch.expm1(-x))  # softplus^-1(x)
+
+        self.raw_r1 = nn.Parameter(inv_softplus(init_r1))
+        self.raw_r2 = nn.Parameter(inv_softplus(init_r2))
+
+    @property
+    def r1(self) -> Tensor:
+        return nn.functional.softplus(self.raw_r1)
+
+    @property
+    def r2(self) -> Tensor:
+        return nn.functional.softplus(self.raw_r2)
+
+    def bias(self, q, k, q_pos, k_pos):
+        dist = relative_positions(q_pos, k_pos).abs().to(self.raw_r1.dtype)  # (Tq, Tk)
+        b = -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * dist)
+        return b.to(q.dtype)[None]  # (1, H, Tq, Tk)
+
+
+class FIRE(PositionalScheme):
+    """Functional Interpolation for Relative Positions (Li et al. 2023, "Functional
+    Interpolation for Relative Positions Improves Long Context Transformers",
+    eq. 4 and section 3.3):
+
+        bias(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),  psi(x) = log(c x + 1)
+
+    f_theta an MLP (1 -> width -> n_heads, ReLU) giving one value per head, c > 0
+    and the threshold L > 0 learned (used as |c|, |L|). One MLP per layer.
+    Progressive interpolation: the normaliser grows with the query position
+    once it passes L, so distances are mapped into [0, 1] at any length.
+
+    Bidirectional attention (not in the paper) uses the signed
+    sign(i - j) psi(|i - j|) / psi(max(L, i, j)); on the causal (visible)
+    entries j <= i this is exactly the paper's formula, so one expression
+    serves both modes. The tests compare it with the formula evaluated directly.
+
+    Args:
+        mlp_width: hidden width of f_theta (32 in the paper).
+        init_c: initial c (0.1 in the paper).
+        init_threshold: initial L (512 in the paper's code).
+        eps: added to the normaliser.
+    """
+
+    has_bias = True
+    shared_across_layers = False
+
+    def __init__(
+        self,
+        *,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_threshold: float = 512.0,
+        eps: float = 1e-6,
+        **kw,
+    ):
+        super().__init__(**kw)
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, self.n_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.threshold = nn.Parameter(torch.tensor(float(init_threshold)))
+        self.eps = eps
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log1p(self.c.abs() * x)
+
+    def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """(Tq, Tk) input of the MLP."""
+        dt = self.c.dtype
+        qp, kp = q_pos.to(dt)[:, None], k_pos.to(dt)[None, :]
+        d = qp - kp  # i - j
+        norm = torch.maximum(torch.maximum(qp, kp), self.threshold.abs())
+        return torch.sign(d) * self.psi(d.abs()) / (self.psi(norm) + self.eps)
+
+    def bias(self, q, k, q_pos, k_pos):
+        x = self.normalized_distance(q_pos, k_pos)
+        return self.mlp(x[..., None]).permute(2, 0, 1).to(q.dtype)[None]  # (1, H, Tq, Tk)

@@ -1,0 +1,640 @@
+"""Tests of the positional-encoding library: every scheme, built from its
+``conf/encoding/<name>.yaml`` with Hydra, against independent references.
+
+Run: ``pytest -q tests/test_encodings.py`` (about half a minute on 2 CPU cores).
+The training smoke test reads Tiny Shakespeare from ``$POSENC_DATA_DIR``
+(default ``../shared/data`` beside the repository) and fails if it is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from posenc.attention import Attention, causal_mask
+from posenc.encodings import (
+    TERM_NAMES,
+    PositionalScheme,
+    alibi_slopes,
+    relative_logits,
+    relative_shift,
+    relative_shift_future,
+    relative_shift_two_sided,
+    sinusoid,
+    sinusoidal_table,
+    skew,
+    t5_relative_bucket,
+)
+from posenc.model import ModelConfig, Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "encoding"
+
+SCHEMES = [
+    "none",
+    "sinusoidal",
+    "learned",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "shaw",
+    "skew",
+    "transformer_xl",
+    "fixed_bidirectional",
+    "tupe",
+    "cape",
+    "xpos",
+    "kerple",
+    "fire",
+]
+CAUSAL_ONLY = {"xpos"}
+# schemes whose logits depend only on position differences
+RELATIVE = [
+    "none",
+    "rope",
+    "alibi",
+    "t5_bias",
+    "shaw",
+    "skew",
+    "transformer_xl",
+    "fixed_bidirectional",
+    "xpos",
+    "kerple",
+    "fire",
+]
+WW, WP, PW, PP = TERM_NAMES
+EXPECTED_TERMS = {
+    "none": {WW},
+    "sinusoidal": {WW, WP, PW, PP},
+    "learned": {WW, WP, PW, PP},
+    "cape": {WW, WP, PW, PP},
+    "rope": {WW, PP},
+    "xpos": {WW, PP},
+    "alibi": {WW, PP},
+    "t5_bias": {WW, PP},
+    "kerple": {WW, PP},
+    "fire": {WW, PP},
+    "tupe": {WW, PP},
+    "shaw": {WW, WP},
+    "skew": {WW, WP},
+    "fixed_bidirectional": {WW, WP},
+    "transformer_xl": {WW, WP, PW, PP},
+}
+MODES = [(n, c) for n in SCHEMES for c in (True, False) if c or n not in CAUSAL_ONLY]
+MODE_IDS = [f"{n}-{'causal' if c else 'bidir'}" for n, c in MODES]
+
+D, H, L = 32, 4, 64  # d_model, heads, max_len for the small tests
+DH = D // H
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ helpers
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The shapes here are tiny: extra intra-op threads only wait on each other
+    (100x slower on a loaded 2-core machine), so use one and restore it after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def factory(name: str, **overrides):
+    """The partial a model would get from conf/encoding/<name>.yaml."""
+    root = OmegaConf.create({"task": {"cls": False}})  # what ${task.*} settings read
+    root.encoding = OmegaConf.load(CONF / f"{name}.yaml")
+    cfg = root.encoding
+    assert cfg.name == name, f"{name}.yaml names itself {cfg.name}"
+    assert cfg.scheme._partial_ is True
+    for key, value in overrides.items():
+        cfg.scheme[key] = value
+    return instantiate(cfg.scheme)
+
+
+def build(name: str, causal: bool = True, **overrides) -> PositionalScheme:
+    return factory(name, **overrides)(d_model=D, n_heads=H, max_len=L, causal=causal)
+
+
+def perturb(params, scale: float = 0.3) -> None:
+    """Move tensors away from their (often zero) initial values, so that every
+    term is non-trivial; scalar settings (FIRE's c and L) are left alone."""
+    with torch.no_grad():
+        for p in params:
+            if p.dim() > 0:
+                p.add_(torch.randn_like(p) * scale)
+
+
+def tiny_model(name: str, causal: bool = True, vocab: int = 256, **overrides) -> Transformer:
+    cfg = ModelConfig(vocab_size=vocab, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=L, causal=causal)
+    return Transformer(cfg, factory(name, **overrides))
+
+
+def qk(B=2, Tq=6, Tk=6, heads=H, dh=DH, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, heads, Tq, dh, generator=g), torch.randn(B, heads, Tk, dh, generator=g)
+
+
+# -------------------------------------------------------------- index tricks
+@pytest.mark.parametrize("T", [1, 2, 7])
+def test_skew_matches_gather(T):
+    x = torch.randn(3, 2, T, 2 * T - 1)
+    out = skew(x)
+    assert out.shape == (3, 2, T, T)
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    ref = x.gather(-1, (j - i + T - 1).expand(3, 2, T, T))
+    assert torch.equal(out, ref)
+    # and one element at a time
+    for a in range(T):
+        for b in range(T):
+            assert torch.equal(out[..., a, b], x[..., a, b - a + T - 1])
+
+
+def test_skew_rejects_wrong_width():
+    with pytest.raises(ValueError, match="2T-1"):
+        skew(torch.zeros(4, 6))
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 1), (5, 5), (3, 7), (1, 6)])
+def test_relative_shift_exact_contents(Tq, Tk):
+    x = torch.randn(2, 3, Tq, Tk)
+    y = torch.randn(2, 3, Tq, Tk)
+    out, fut, both = relative_shift(x), relative_shift_future(y), relative_shift_two_sided(x, y)
+    for i in range(Tq):
+        p = i + Tk - Tq  # key position of query i
+        for j in range(Tk):
+            if j <= p:  # visible: the score for distance p - j, column Tk-1-(p-j)
+                assert torch.equal(out[..., i, j], x[..., i, Tk - 1 - (p - j)])
+                assert torch.equal(both[..., i, j], x[..., i, Tk - 1 - (p - j)])
+            elif j == p + 1:  # documented upper triangle: the padding ...
+                assert (out[..., i, j] == 0).all()
+            else:  # ... then scores of the next query
+                assert torch.equal(out[..., i, j], x[..., i + 1, j - p - 2])
+            if j >= p:  # forward offset j - p
+                assert torch.equal(fut[..., i, j], y[..., i, j - p])
+                if j > p:
+                    assert torch.equal(both[..., i, j], y[..., i, j - p])
+            elif j == p - 1 or i == 0:
+                assert (fut[..., i, j] == 0).all()
+            else:
+                assert torch.equal(fut[..., i, j], y[..., i - 1, Tk + 1 + j - p])
+
+
+def test_relative_shift_rejects_long_query():
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        relative_shift(torch.zeros(5, 3))
+
+
+def explicit_relative(a, table, q_pos, k_pos):
+    """a_i . E(q_pos[i] - k_pos[j]) with the full (Tq, Tk, Dh) tensor of E_{i-j}."""
+    dist = q_pos[:, None] - k_pos[None, :]
+    E = table(dist.flatten()).reshape(*dist.shape, -1)  # (Tq, Tk, Dh)
+    return torch.einsum("bhid,ijd->bhij", a, E)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "q_pos,k_pos",
+    [
+        (torch.arange(6), torch.arange(6)),
+        (torch.arange(3, 8) + 10, torch.arange(8) + 10),  # query shorter than key (memory)
+        (torch.tensor([0, 2, 3, 7]), torch.tensor([0, 2, 3, 7])),  # not consecutive: gather path
+        (torch.tensor([5, 6]), torch.tensor([0, 1, 2, 3])),  # queries after every key
+    ],
+)
+def test_relative_logits_vs_explicit(causal, q_pos, k_pos):
+    a = torch.randn(2, 3, q_pos.shape[0], 16, dtype=torch.float64)
+
+    def table(d):
+        return sinusoid(d, 16).to(torch.float64)
+
+    out = relative_logits(a, table, q_pos, k_pos, causal)
+    ref = explicit_relative(a, table, q_pos, k_pos)
+    if causal:
+        future = (k_pos[None, :] > q_pos[:, None]).expand_as(ref)
+        assert (out[future] == 0).all()
+        ref = ref.masked_fill(future, 0.0)
+    torch.testing.assert_close(out, ref)
+
+
+# ------------------------------------------------------ tables and formulas
+def test_sinusoidal_table_formula_and_translation():
+    n, dim = 50, 12
+    tab = sinusoidal_table(n, dim)
+    for p in range(n):
+        for c in range(dim):
+            w = 1.0 / 10000 ** (2 * (c // 2) / dim)
+            ref = math.sin(p * w) if c % 2 == 0 else math.cos(p * w)
+            assert abs(tab[p, c].item() - ref) < 1e-6
+    for k in (1, 3, 17):
+        T = torch.zeros(dim, dim)
+        for i in range(dim // 2):
+            w = 1.0 / 10000 ** (2 * i / dim)
+            c, s = math.cos(w * k), math.sin(w * k)
+            T[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
+        torch.testing.assert_close(tab[: n - k] @ T.T, tab[k:], atol=1e-5, rtol=0)
+
+
+def t5_bucket_reference(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """Plain-Python transcription of T5's _relative_position_bucket (Raffel et al.)."""
+    ret = 0
+    n = -rel
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            ret += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return ret + min(val, num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (8, 20)])
+def test_t5_relative_bucket_vs_reference(bidirectional, num_buckets, max_distance):
+    rel = torch.arange(-400, 401)
+    got = t5_relative_bucket(rel, bidirectional, num_buckets, max_distance).tolist()
+    ref = [t5_bucket_reference(r, bidirectional, num_buckets, max_distance) for r in rel.tolist()]
+    assert got == ref
+
+
+def test_alibi_slopes():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads (2^-0.5, 2^-1.5, ...)
+    ref12 = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(i + 0.5) for i in range(4)]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(ref12))
+
+
+# ------------------------------------------------------ per-scheme references
+def shaw_tables(sch, q_pos, k_pos):
+    k = sch.max_relative_position
+    idx = (k_pos[None, :] - q_pos[:, None]).clamp(-k, k) + k
+    return sch.rel_key[idx], sch.rel_value[idx]  # naive (Tq, Tk, Dh) each
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Tq,Tk", [(9, 9), (4, 9)])
+def test_shaw_vs_naive_gather(causal, Tq, Tk):
+    sch = build("shaw", causal, max_relative_position=3)
+    perturb(sch.parameters())
+    q, k = qk(Tq=Tq, Tk=Tk)
+    k_pos = torch.arange(Tk) + 5
+    q_pos = k_pos[Tk - Tq :]
+    aK, aV = shaw_tables(sch, q_pos, k_pos)
+    ref = torch.einsum("bhid,ijd->bhij", q, aK) / math.sqrt(DH)
+    torch.testing.assert_close(sch.bias(q, k, q_pos, k_pos), ref, **TOL)
+    probs = torch.randn(2, H, Tq, Tk).softmax(-1)
+    torch.testing.assert_close(sch.value_term(probs, q_pos, k_pos), torch.einsum("bhij,ijd->bhid", probs, aV), **TOL)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("clip", [None, 3])
+@pytest.mark.parametrize("positions", ["consecutive", "offset", "gapped"])
+def test_skew_scheme_vs_naive_gather(causal, clip, positions):
+    sch = build("skew", causal, max_relative_position=clip)
+    perturb(sch.parameters())
+    T = 7
+    pos = {
+        "consecutive": torch.arange(T),
+        "offset": torch.arange(T) + 30,
+        "gapped": torch.tensor([0, 1, 4, 5, 6, 9, 13]),
+    }[positions]
+    q, k = qk(Tq=T, Tk=T)
+    kk = sch.max_relative_position
+    E = sch.rel_key[(pos[None, :] - pos[:, None]).clamp(-kk, kk) + kk]  # (T, T, Dh)
+    ref = torch.einsum("bhid,ijd->bhij", q, E) / math.sqrt(DH)
+    torch.testing.assert_close(sch.bias(q, k, pos, pos), ref, **TOL)
+
+
+def explicit_txl(sch, q, k, q_pos, k_pos):
+    dist = q_pos[:, None] - k_pos[None, :]  # i - j
+    R = sinusoid(dist, D)  # (Tq, Tk, D): every R_{i-j} materialised
+    WR = (R @ sch.w_r.weight.T).view(*dist.shape, H, DH)  # (Tq, Tk, H, Dh)
+    u, v = sch.u[None, :, None, :], sch.v[None, :, None, :]
+    ac = (q + u) @ k.transpose(-1, -2)
+    bd = torch.einsum("bhid,ijhd->bhij", q + v, WR)
+    return (ac + bd) / math.sqrt(DH), q @ k.transpose(-1, -2) / math.sqrt(DH)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Tq,Tk,offset", [(6, 6, 0), (6, 6, 11), (3, 8, 4), (1, 5, 0)])
+def test_transformer_xl_vs_explicit_R(causal, Tq, Tk, offset):
+    sch = build("transformer_xl", causal)
+    perturb(sch.parameters())
+    q, k = qk(Tq=Tq, Tk=Tk)
+    k_pos = torch.arange(Tk) + offset
+    q_pos = k_pos[Tk - Tq :]
+    full, content = explicit_txl(sch, q, k, q_pos, k_pos)
+    ref = full - content  # the bias is everything but q.k
+    got = sch.bias(q, k, q_pos, k_pos)
+    if causal:  # keys after the query are masked; the scheme keeps the u.k part there
+        visible = k_pos[None, :] <= q_pos[:, None]
+        torch.testing.assert_close(got[..., visible], ref[..., visible], **TOL)
+    else:
+        torch.testing.assert_close(got, ref, **TOL)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Tq,Tk,offset", [(6, 6, 0), (6, 6, 9), (2, 7, 3)])
+def test_fixed_bidirectional_vs_explicit_R(causal, Tq, Tk, offset):
+    sch = build("fixed_bidirectional", causal)
+    q, k = qk(Tq=Tq, Tk=Tk)
+    k_pos = torch.arange(Tk) + offset
+    q_pos = k_pos[Tk - Tq :]
+    dist = q_pos[:, None] - k_pos[None, :]
+    R = sinusoid(dist, DH)  # (Tq, Tk, Dh), R of the signed distance i - j
+    ref = torch.einsum("bhid,ijd->bhij", q, R) / math.sqrt(DH)
+    if causal:
+        ref = ref.masked_fill(dist < 0, 0.0)
+    torch.testing.assert_close(sch.bias(q, k, q_pos, k_pos), ref, **TOL)
+    if not causal and Tq == Tk:  # both time directions really differ
+        assert not torch.allclose(ref, ref.transpose(-1, -2), atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("untie_cls", [False, True])
+def test_tupe_vs_paper_equations(causal, untie_cls):
+    sch = build("tupe", causal, untie_cls=untie_cls)
+    perturb(sch.parameters())
+    assert sch.logit_scale() == pytest.approx(1 / math.sqrt(2 * DH))
+    T = 6
+    pos = torch.arange(T)
+    q, k = qk(Tq=T, Tk=T)
+    got = sch.bias(q, k, pos, pos)[0]
+    pq = (sch.table @ sch.u_q.weight.T).view(L, H, DH)  # p_i U^Q per head
+    pk = (sch.table @ sch.u_k.weight.T).view(L, H, DH)
+    with torch.no_grad():
+        for h in range(H):
+            for i in range(T):
+                for j in range(T):
+                    corr = float(pq[i, h] @ pk[j, h]) / math.sqrt(2 * DH)
+                    if untie_cls and i == 0:
+                        corr = float(sch.theta[0, h])  # [CLS] to others
+                    elif untie_cls and j == 0:
+                        corr = float(sch.theta[1, h])  # others to [CLS]
+                    b = t5_bucket_reference(j - i, not causal, sch.num_buckets, sch.max_distance)
+                    ref = corr + float(sch.rel.weight[b, h])
+                    assert abs(float(got[h, i, j]) - ref) < 1e-5, (h, i, j)
+
+
+def test_tupe_refuses_long_sequences():
+    sch = build("tupe")
+    with pytest.raises(ValueError, match="max_len"):
+        sch.check_length(L + 1)
+
+
+def test_cape_eval_equals_sinusoidal_and_train_augments():
+    cape, sin = build("cape"), build("sinusoidal")
+    x = torch.zeros(3, 20, D)
+    pos = torch.arange(20)
+    cape.eval()
+    assert torch.equal(cape.embed(x, pos), sin.embed(x, pos))
+    cape.train()
+    aug = cape.embed(x, pos)
+    assert aug.shape == (3, 20, D) and torch.isfinite(aug).all()
+    assert not torch.allclose(aug[0], aug[1])  # per-sequence augmentation
+    # each augmentation alone stays inside its documented range
+    only = dict(max_global_shift=0.0, max_local_shift=0.0, max_global_scaling=1.0)
+    local = build("cape", **{**only, "max_local_shift": 0.4}).augment(pos, 4) - pos
+    assert local.abs().max() <= 0.4 and local.std() > 0
+    shift = build("cape", **{**only, "max_global_shift": 3.0}).augment(pos, 4) - pos
+    assert shift.abs().max() <= 3.0 and torch.allclose(shift, shift[:, :1].expand_as(shift))
+    ratio = build("cape", **{**only, "max_global_scaling": 1.5}).augment(pos + 1, 4) / (pos + 1)
+    assert ratio.min() >= 1 / 1.5 and ratio.max() <= 1.5 and torch.allclose(ratio, ratio[:, :1].expand_as(ratio))
+
+
+def complex_pairs(x):
+    return torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+def test_rotary_product_depends_only_on_difference(name):
+    sch = build(name)
+    q, k = qk(B=1, Tq=1, Tk=1, heads=1)
+    theta = 10000.0 ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
+    zeta = (torch.arange(0, DH, 2, dtype=torch.float64) / DH + 0.4) / 1.4
+    for m, n in [(0, 0), (5, 2), (40, 3), (7, 7), (3, 9)]:
+        dots = []
+        for shift in (0, 13, 250):
+            qm, kn = sch.rotate(q, k, torch.tensor([m + shift]), torch.tensor([n + shift]))
+            dots.append(float(qm.flatten().double() @ kn.flatten().double()))
+        assert max(dots) - min(dots) < 1e-4, (m, n, dots)
+        # the formula, with complex numbers: sum_i Re(q_i conj(k_i) e^{i (m-n) theta_i}) [zeta_i^((m-n)/512)]
+        terms = complex_pairs(q.flatten()) * complex_pairs(k.flatten()).conj() * torch.exp(1j * (m - n) * theta)
+        scale = zeta ** ((m - n) / 512.0) if name == "xpos" else torch.ones_like(zeta)
+        assert abs(dots[0] - float((terms.real * scale).sum())) < 1e-4
+
+
+def test_kerple_vs_formula():
+    sch = build("kerple", causal=False)
+    r1, r2 = sch.r1.detach(), sch.r2.detach()
+    assert (r1 > 0).all() and (r2 > 0).all()
+    pos = torch.arange(7) + 3
+    got = sch.bias(*qk(Tq=7, Tk=7), pos, pos)[0].detach()
+    for h in range(H):
+        for i in range(7):
+            for j in range(7):
+                ref = -float(r1[h]) * math.log(1 + float(r2[h]) * abs(i - j))
+                assert abs(float(got[h, i, j]) - ref) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("threshold", [512.0, 4.0])
+def test_fire_vs_formula(causal, threshold):
+    sch = build("fire", causal, init_threshold=threshold)
+    perturb(sch.mlp.parameters())
+    T = 10
+    pos = torch.arange(T)
+    got = sch.bias(*qk(Tq=T, Tk=T), pos, pos)[0]
+    c, Lt = abs(sch.c.item()), abs(sch.threshold.item())
+
+    def psi(x):
+        return math.log(c * x + 1)
+
+    xs = []
+    for i in range(T):
+        for j in range(T):
+            d = i - j
+            norm = max(Lt, i) if j <= i else max(Lt, i, j)  # the paper's max(L, i) on causal entries
+            xs.append(math.copysign(psi(abs(d)), d) / (psi(norm) + sch.eps) if d else 0.0)
+    with torch.no_grad():
+        ref = sch.mlp(torch.tensor(xs)[:, None]).T.reshape(H, T, T)
+    torch.testing.assert_close(got, ref, **TOL)
+
+
+# ---------------------------------------------------------- every scheme
+@pytest.mark.parametrize("name", SCHEMES)
+def test_configs_build_and_flags(name):
+    sch = build(name)
+    assert isinstance(sch, PositionalScheme)
+    doc = type(sch).__doc__ or ""
+    assert doc.strip(), f"{name}: no docstring"
+    if name not in {"none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"}:
+        assert re.search(r"(19|20)\d\d", doc), f"{name}: the docstring should cite its paper"
+        assert re.search(r"test", doc, re.I), f"{name}: the docstring should name the check in the tests"
+    model = tiny_model(name)
+    shared = [b.attn.scheme for b in model.blocks]
+    if sch.shared_across_layers:
+        assert all(s is model.scheme for s in shared)
+    else:
+        assert len({id(s) for s in shared}) == len(shared)
+
+
+@pytest.mark.parametrize(
+    "name,causal", [m for m in MODES if m[0] in RELATIVE], ids=[i for m, i in zip(MODES, MODE_IDS) if m[0] in RELATIVE]
+)
+def test_relative_schemes_are_translation_invariant(name, causal):
+    sch = build(name, causal)
+    perturb(sch.parameters())
+    attn = Attention(D, H, sch, causal)
+    q, k = qk(Tq=9, Tk=9)
+    pos = torch.arange(9)
+    base = attn.logits(q, k, pos, pos)
+    for shift in (1, 37):
+        torch.testing.assert_close(attn.logits(q, k, pos + shift, pos + shift), base, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)
+def test_terms_sum_to_logits(name, causal):
+    torch.manual_seed(0)
+    model = tiny_model(name, causal)
+    perturb(model.positional_parameters())
+    model.eval()
+    idx = torch.randint(0, 256, (2, 11))
+    pos = torch.arange(11)
+    terms = model.first_layer_terms(idx, pos)
+    assert set(terms) == EXPECTED_TERMS[name]
+    assert set(terms) <= set(TERM_NAMES)
+    for t in terms.values():
+        assert t.shape == (2, H, 11, 11)
+    # the logits attention really uses, from LN1 of the real input
+    with torch.no_grad():
+        word, posn = model.embed(idx, pos)
+        x = word if posn is None else word + posn
+        attn = model.blocks[0].attn
+        q, k, _ = attn.project(model.blocks[0].ln1(x))
+        ref = attn.logits(q, k, pos, pos)
+    torch.testing.assert_close(sum(terms.values()), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)
+def test_fast_path_equals_naive_attention(name, causal):
+    torch.manual_seed(1)
+    sch = build(name, causal)
+    perturb(sch.parameters())
+    attn = Attention(D, H, sch, causal).eval()
+    h = torch.randn(2, 10, D)
+    pos = torch.arange(10) + 3
+    with torch.no_grad():
+        y = attn(h, pos)
+        q, k, v = attn.project(h)
+        logits = attn.logits(q, k, pos, pos)
+        if causal:
+            logits = logits + causal_mask(pos, pos, logits.dtype)
+        probs = logits.softmax(-1)
+        ref = probs @ v
+        if sch.uses_value_term:
+            ref = ref + sch.value_term(probs, pos, pos)
+        ref = attn.out(ref.transpose(1, 2).reshape(2, 10, D))
+    torch.testing.assert_close(y, ref, **TOL)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_causal_model_ignores_later_tokens(name):
+    torch.manual_seed(2)
+    model = tiny_model(name, causal=True)
+    perturb(model.positional_parameters())
+    model.eval()
+    idx = torch.randint(0, 256, (2, 12))
+    changed = idx.clone()
+    changed[:, 8] = (changed[:, 8] + 1) % 256
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :8], b[:, :8], **TOL)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+    if name not in CAUSAL_ONLY:  # the same change does reach earlier outputs without the mask
+        bi = tiny_model(name, causal=False).eval()
+        with torch.no_grad():
+            assert not torch.allclose(bi(idx)[:, :8], bi(changed)[:, :8])
+
+
+@pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)
+def test_gradients_reach_positional_parameters(name, causal):
+    torch.manual_seed(3)
+    overrides = {"untie_cls": True} if name == "tupe" else {}
+    model = tiny_model(name, causal, **overrides)
+    model.train()
+    idx = torch.randint(0, 256, (2, 12))
+    model.loss(idx, torch.roll(idx, -1, 1)).backward()
+    params = dict(
+        (n, p) for n, p in model.named_parameters() if any(p is q for q in model.positional_parameters())
+    )
+    assert len(params) == len(model.positional_parameters())
+    for pname, p in params.items():
+        assert p.grad is not None, f"{name}: no gradient for {pname}"
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{name}: zero gradient for {pname}"
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL_ONLY))
+def test_causal_only_schemes_refuse_bidirectional(name):
+    with pytest.raises(ValueError, match="causal attention only"):
+        build(name, causal=False)
+    with pytest.raises(ValueError, match="causal attention only"):
+        tiny_model(name, causal=False)
+
+
+def test_learned_refuses_sequences_longer_than_max_len():
+    model = tiny_model("learned")
+    model.check_length(L)
+    with pytest.raises(ValueError, match="max_len"):
+        model.check_length(L + 1)
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, L + 1, dtype=torch.long))
+
+
+# ------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def shakespeare() -> torch.Tensor:
+    root = Path(os.environ.get("POSENC_DATA_DIR", ROOT.parent / "shared" / "data"))
+    path = root / "tinyshakespeare" / "input.txt"
+    if not path.is_file():
+        pytest.fail(
+            f"Tiny Shakespeare not found at {path}. Set POSENC_DATA_DIR to the shared data folder "
+            "(the one holding tinyshakespeare/input.txt).",
+            pytrace=False,
+        )
+    data = path.read_bytes()[:100_000]
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_tiny_model_trains_on_real_text(name, shakespeare):
+    torch.manual_seed(4)
+    model = tiny_model(name, causal=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    T, B, steps = 32, 8, 20
+    losses = []
+    model.train()
+    for _ in range(steps):
+        start = torch.randint(0, shakespeare.numel() - T - 1, (B,), generator=g)
+        batch = torch.stack([shakespeare[s : s + T + 1] for s in start.tolist()])
+        loss = model.loss(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses), losses
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < first - 0.5, f"{name}: loss {first:.3f} -> {last:.3f}"
