@@ -20,6 +20,14 @@ def data_dir() -> Path:
     return d
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Test models are tiny: a second intra-op thread only adds waiting."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     return data_dir()
@@ -64,7 +72,7 @@ def make_cfg(tmp_path, data_root, cache_dir):
 
 def cli_env(tmp_path: Path, data_root: Path, cache_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(POSENC_ROOT=str(tmp_path), POSENC_DATA_DIR=str(data_root), PYTHONUNBUFFERED="1")
+    env.update(POSENC_ROOT=str(tmp_path), POSENC_DATA_DIR=str(data_root), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return env
 
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.data import SPECIAL_TOKENS, Corpus, DataError, MaskedWindows, RandomWindows, Windows, prepare
+from posenc.data import (
+    SPECIAL_TOKENS, Corpus, DataError, MaskedWindows, RandomWindows, StreamSampler, Windows, prepare,
+)
 
 
 def test_tokenizer_and_tokens_are_cached(tmp_path, data_root):
@@ -54,9 +56,19 @@ def test_windows():
     assert len(val) == 10
     x, y = val[3]
     assert x.tolist() == list(range(30, 40)) and y.tolist() == list(range(31, 41))
-    train = RandomWindows(tokens, 10)
-    x, y = train[len(train) - 1]
-    assert y[-1].item() == 102 and torch.equal(x[1:], y[:-1])
+    train = RandomWindows(tokens, 10, seed=3)
+    starts = [train.start(g) for g in range(20_000)]
+    assert min(starts) == 0 and max(starts) == len(tokens) - 11  # every window start is reachable
+    x, y = train[123]
+    assert torch.equal(x[1:], y[:-1]) and x[0].item() == starts[123]
+    assert RandomWindows(tokens, 10, seed=3).start(5000) == starts[5000]  # a function of (seed, g)
+    assert RandomWindows(tokens, 10, seed=4).start(5000) != starts[5000] or starts[5001] != RandomWindows(
+        tokens, 10, seed=4).start(5001)
+
+
+def test_stream_sampler_resumes():
+    it = iter(StreamSampler(start=40))
+    assert [next(it) for _ in range(3)] == [40, 41, 42]
 
 
 def test_masking_follows_bert_rule():

@@ -137,3 +137,37 @@ def test_masked_lm_task(make_cfg, tmp_path):
     (run,) = runs_of(tmp_path)
     assert run.info.run_name == "alibi-mlm-s0" and run.info.status == "FINISHED"
     assert "val/acc" in run.data.metrics
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_interrupt_then_resume_matches_uninterrupted(make_cfg, tmp_path, signum):
+    """A run stopped by a signal at step 12 ends KILLED with a checkpoint of step 12;
+    resuming it gives the same final metrics as a run that was never stopped."""
+    common = ["encoding=t5_bias", "task=mlm", "model.dropout=0.1", "trainer.max_steps=20", "trainer.val_check_interval=5"]
+    reference = train(make_cfg(*common, "paths.output_dir=" + str(tmp_path / "ref"), "logger.experiment_name=ref"))
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    stop = f"+callbacks.stop={{_target_: tests.helpers.SignalAt, step: 12, signum: {signum}}}"
+    with pytest.raises(SIGTERMException):
+        train(make_cfg(*common, stop))
+    (killed,) = runs_of(tmp_path)
+    assert killed.info.status == "KILLED"
+    (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == 12
+    resumed = train(make_cfg(*common, "ckpt_path=last"))
+    (run,) = runs_of(tmp_path)
+    assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
+    assert resumed["global_step"] == 20
+    assert resumed["val/loss"] == pytest.approx(reference["val/loss"], abs=1e-6)
+    assert resumed["val/acc"] == pytest.approx(reference["val/acc"], abs=1e-6)
+
+
+def test_nan_loss_stops_names_step_and_scheme_keeps_last_good(make_cfg, tmp_path):
+    with pytest.raises(FloatingPointError, match=r"step 10 with encoding=alibi"):
+        train(make_cfg("encoding=alibi", "+callbacks.nan={_target_: tests.helpers.NanAt, step: 10}"))
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FAILED"
+    (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert state["global_step"] == 10  # saved at the step-10 validation, before the poison
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())

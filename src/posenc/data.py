@@ -25,7 +25,7 @@ import lightning as L
 import numpy as np
 import torch
 from filelock import FileLock
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -273,20 +273,57 @@ def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
 
 
 # ------------------------------------------------------------------ datasets
-class RandomWindows(Dataset):
-    """Every contiguous window of ``seq_len + 1`` tokens; a shuffled sampler
-    makes them random. Item i is (input, target) = tokens[i : i+L], tokens[i+1 : i+L+1]."""
+def _dist() -> tuple[int, int]:
+    """(rank, world size) of the running process group, (0, 1) without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
-    def __init__(self, tokens: np.ndarray, seq_len: int):
+
+class StreamSampler(Sampler[int]):
+    """An endless, resumable stream of global sample ids.
+
+    This rank yields c * world + rank for c = start, start + 1, ...; a resumed
+    run starts at its global step x batch size and so sees exactly the samples
+    an uninterrupted run would have seen next.
+    """
+
+    def __init__(self, start: int = 0):
+        self.start = start
+
+    def __iter__(self):
+        rank, world = _dist()
+        c = self.start
+        while True:
+            yield c * world + rank
+            c += 1
+
+
+class RandomWindows(Dataset):
+    """Random contiguous windows of ``seq_len + 1`` tokens, addressed by a global
+    sample id g (``StreamSampler``): the window start of g is entry g % BLOCK of a
+    generator seeded by (seed, g // BLOCK), so it depends on the seed and g alone.
+    Item g is (input, target) = tokens[s : s+L], tokens[s+1 : s+L+1].
+    """
+
+    BLOCK = 4096
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int = 0):
         if len(tokens) < seq_len + 1:
             raise DataError(f"the training split has {len(tokens)} tokens, fewer than seq_len+1={seq_len + 1}")
-        self.tokens, self.seq_len = tokens, seq_len
+        self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        self.num_windows = len(tokens) - seq_len
+        self._cached: tuple[int, np.ndarray] = (-1, np.empty(0, dtype=np.int64))
 
-    def __len__(self) -> int:
-        return len(self.tokens) - self.seq_len
+    def start(self, g: int) -> int:
+        b = g // self.BLOCK
+        if self._cached[0] != b:
+            self._cached = (b, np.random.default_rng([self.seed, b]).integers(0, self.num_windows, size=self.BLOCK))
+        return int(self._cached[1][g % self.BLOCK])
 
-    def __getitem__(self, i: int):
-        w = torch.from_numpy(self.tokens[i : i + self.seq_len + 1].astype(np.int64))
+    def __getitem__(self, g: int):
+        s = self.start(g)
+        w = torch.from_numpy(self.tokens[s : s + self.seq_len + 1].astype(np.int64))
         return w[:-1], w[1:]
 
 
@@ -317,8 +354,9 @@ class MaskedWindows(Dataset):
     window. Of the text tokens, ``mask_prob`` are chosen as targets; of those
     80% become [MASK], 10% a random token and 10% stay (Devlin et al. 2019).
     Targets elsewhere are -100 (ignored). With ``fixed_seed`` the masks of
-    sample i are the same every time (validation); otherwise they are drawn
-    from the global RNG (training).
+    sample i depend on (fixed_seed, i) alone, so validation sees the same masks
+    every time and a resumed training run the same masks as an uninterrupted
+    one; without it they come from the global RNG.
     """
 
     def __init__(self, base: Dataset, special_ids: dict[str, int], vocab_size: int,
@@ -403,36 +441,42 @@ class LMDataModule(L.LightningDataModule):
             self.prepare_data()
         return self.prepared.tokens(split)
 
-    def _loader(self, ds: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+    def _loader(self, ds: Dataset, sampler: Sampler | None, batch_size: int) -> DataLoader:
+        # an own generator: creating an iterator must not draw from the global RNG
+        # (that would shift dropout masks after a resume)
         return DataLoader(
-            ds,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            drop_last=shuffle,
+            ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0, generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _eval_sampler(self, ds: Dataset) -> Sampler | None:
+        rank, world = _dist()
+        return DistributedSampler(ds, world, rank, shuffle=False) if world > 1 else None
 
     def _task_dataset(self, ds: Dataset, split: str) -> Dataset:
         objective = self.task.get("objective", "causal")
         if objective == "causal":
             return ds
         if objective == "mlm":
-            offset = {"train": None, "validation": 1, "test": 2}[split]
+            offset = {"train": 0, "validation": 1, "test": 2}[split]
             return MaskedWindows(
                 ds, self.prepared.meta["special_ids"], self.tokenizer_vocab_size, self.task.get("mask_prob", 0.15),
-                None if offset is None else self.seed + offset,
+                self.seed * 3 + offset,
             )
         raise DataError(f"task.objective={objective!r} is not one of 'causal', 'mlm'")
 
     def train_dataloader(self) -> DataLoader:
-        ds = self._task_dataset(RandomWindows(self.tokens("train"), self.seq_len), "train")
-        return self._loader(ds, True, self.batch_size)
+        """Random windows from an endless stream that resumes where the run stopped."""
+        ds = self._task_dataset(RandomWindows(self.tokens("train"), self.seq_len, self.seed), "train")
+        start = 0
+        if self.trainer is not None:  # resumed: skip what the optimizer has already seen
+            start = self.trainer.global_step * self.trainer.accumulate_grad_batches * self.batch_size
+        return self._loader(ds, StreamSampler(start), self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         ds = self._task_dataset(Windows(self.tokens("validation"), self.seq_len), "validation")
-        return self._loader(ds, False, self.eval_batch_size)
+        return self._loader(ds, self._eval_sampler(ds), self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
         ds = self._task_dataset(Windows(self.tokens("test"), self.seq_len), "test")
-        return self._loader(ds, False, self.eval_batch_size)
+        return self._loader(ds, self._eval_sampler(ds), self.eval_batch_size)

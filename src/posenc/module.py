@@ -91,6 +91,14 @@ class LMModule(L.LightningModule):
     def test_step(self, batch, batch_idx):
         self._step(batch, self.test_ppl, "test")
 
+    # dropout and any other torch randomness continue exactly after a resume
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["torch_rng_state"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint):
+        if "torch_rng_state" in checkpoint:
+            torch.set_rng_state(checkpoint["torch_rng_state"])
+
     # tokens/s over the optimiser step, measured between batch start and end
     def on_train_batch_start(self, batch, batch_idx):
         self._t0 = time.perf_counter()

@@ -68,10 +68,8 @@ def find_runs(tracking_uri: str, experiment: str, filter_string: str = "") -> li
     return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"])
 
 
-def end_run_if_running(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
-    """Mark a run that is still RUNNING as ``status`` (used when training raises)."""
+def end_run(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
+    """Mark a run as ended with ``status`` (FAILED, KILLED) when training raises."""
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri)
-    if client.get_run(run_id).info.status == "RUNNING":
-        client.set_terminated(run_id, status)
+    mlflow.MlflowClient(tracking_uri).set_terminated(run_id, status)

@@ -19,9 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
+from .callbacks import GracefulInterrupt
 from .module import LMModule
 
 log = logging.getLogger(__name__)
@@ -148,7 +150,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_top_k=1,
         save_last=True,
     )
-    trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=[checkpoint])
+    callbacks = [checkpoint, GracefulInterrupt(out_dir / "checkpoints")]
+    callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=callbacks)
     run_id = None
     try:
         if logger is not None:
@@ -164,9 +168,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 logger, out_dir, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
                 bool(cfg.get("log_checkpoint", True)),
             )
-    except BaseException:
+    except BaseException as e:
         if logger is not None and run_id is not None and trainer.is_global_zero:
-            tracking.end_run_if_running(cfg.logger.tracking_uri, run_id, "FAILED")
+            interrupted = isinstance(e, (SIGTERMException, KeyboardInterrupt))
+            tracking.end_run(cfg.logger.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
         raise
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics["global_step"] = trainer.global_step
