@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
+
 
 def sqlite_uri(path: str | Path) -> str:
     """An absolute ``sqlite:///`` URI for a database file."""
@@ -41,6 +43,33 @@ def git_state(root: str | Path) -> dict[str, str]:
         return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
     except (OSError, subprocess.CalledProcessError):
         return {"git_commit": "unknown", "git_dirty": "unknown"}
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries a result depends on, as ``version.<name>`` tags."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("posenc", "torch", "lightning", "torchmetrics", "hydra-core", "mlflow", "datasets", "tokenizers"):
+        try:
+            out[f"version.{name}"] = version(name)
+        except PackageNotFoundError:
+            out[f"version.{name}"] = "not installed"
+    import platform
+
+    out["version.python"] = platform.python_version()
+    return out
+
+
+class CreateExperimentBeforeSweep(Callback):
+    """Hydra callback: create the SQLite store and the experiment once, in the
+    launching process, before a sweep's jobs start (parallel jobs would
+    otherwise race to create the schema and the experiment)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        logger = config.get("logger")
+        if logger and str(logger.get("tracking_uri", "")).startswith("sqlite:"):
+            ensure_experiment(logger.tracking_uri, logger.experiment_name, logger.get("artifact_location"))
 
 
 def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:

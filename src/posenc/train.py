@@ -10,11 +10,14 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
+import torch
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -33,6 +36,21 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 class ConfigError(ValueError):
     """An impossible combination of settings."""
+
+
+@dataclass
+class ModelSchema:
+    """Types of the model group: a wrong type fails at composition, naming the key."""
+
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 512
+    max_len: int = 1024
+    dropout: float = 0.0
+
+
+ConfigStore.instance().store(group="schema", name="model", node=ModelSchema)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -79,13 +97,46 @@ def find_last_checkpoint(cfg: DictConfig) -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
+def load_checkpoint(path: str | Path) -> dict:
+    """``torch.load`` with ``weights_only=True`` and an error that says what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); it is truncated, "
+            "corrupt or not a posenc checkpoint: delete it and resume from another one"
+        ) from e
+
+
+#: settings a checkpoint must share with the run that resumes it
+ARCHITECTURE_KEYS = ("encoding", "model", "task.objective", "data.corpus.name", "data.vocab_size")
+
+
+def check_compatible(cfg: DictConfig, saved_cfg: dict, path: Path) -> None:
+    """Refuse to resume a checkpoint of another scheme, size or task."""
+    saved = OmegaConf.create(saved_cfg)
+    for key in ARCHITECTURE_KEYS:
+        want = OmegaConf.select(cfg, key)
+        have = OmegaConf.select(saved, key)
+        want = OmegaConf.to_container(want, resolve=True) if isinstance(want, DictConfig) else want
+        have = OmegaConf.to_container(have, resolve=True) if isinstance(have, DictConfig) else have
+        if want != have:
+            raise ConfigError(
+                f"checkpoint {path} was trained with {key}={have}, but this run asks for {key}={want}; "
+                "resume with the same settings or start a fresh run (ckpt_path=null)"
+            )
+
+
 def resolve_resume(cfg: DictConfig) -> tuple[Path | None, dict]:
-    """(checkpoint to resume from, run.json of the run that wrote it)."""
+    """(checkpoint to resume from, run.json of the run that wrote it), checked."""
     if cfg.ckpt_path in (None, ""):
         return None, {}
     ckpt = find_last_checkpoint(cfg) if cfg.ckpt_path == "last" else Path(cfg.ckpt_path)
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
+    state = load_checkpoint(ckpt)
+    check_compatible(cfg, state.get("hyper_parameters", {}).get("cfg", {}), ckpt)
     meta = ckpt.parent.parent / "run.json"
     return ckpt, (json.loads(meta.read_text()) if meta.exists() else {})
 
@@ -100,7 +151,7 @@ def build_logger(cfg: DictConfig, run_id: str | None):
 
 
 @rank_zero_only
-def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool) -> None:
+def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, data_provenance: dict) -> None:
     """Params (once), tags and parameter counts of a new run."""
     exp, run_id = logger.experiment, logger.run_id
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -112,7 +163,8 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool) -> N
     except ValueError:
         overrides = ""
     tags = {"encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
-            "overrides": overrides or "(none)", **tracking.git_state(cfg.paths.root)}
+            "overrides": overrides or "(none)", **tracking.git_state(cfg.paths.root),
+            **tracking.library_versions(), **data_provenance}
     for k, v in tags.items():
         exp.set_tag(run_id, k, v)
     counts = module.model.num_parameters()
@@ -157,12 +209,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         if logger is not None:
             run_id = logger.run_id
-            log_run_start(logger, cfg, module, resumed=bool(ckpt))
+            meta = datamodule.prepared.meta
+            provenance = {"data_source": meta["source"], "data_root": str(meta.get("root")),
+                          "data_tokens_sha256": meta["tokens_sha256"], "data_cache": datamodule.prepared.directory.name}
+            log_run_start(logger, cfg, module, resumed=bool(ckpt), data_provenance=provenance)
         if trainer.is_global_zero:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name}
             (out_dir / "run.json").write_text(json.dumps(meta, indent=2))
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         if logger is not None:
             log_run_end(
                 logger, out_dir, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,

@@ -1,0 +1,126 @@
+"""Faults injected on purpose: bad settings, bad files, parallel writers, a live MLflow server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from posenc.train import ConfigError, train
+
+from .conftest import REPO, cli_env, cli_overrides
+from .test_train import _cli, runs_of
+
+
+def test_wrong_type_names_the_key(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, "model.d_model=abc")
+    assert r.returncode != 0
+    assert "model.d_model" in r.stderr and "Integer" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_odd_rotary_dim(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="encoding.scheme.fraction"):
+        train(make_cfg("encoding=rope", "encoding.scheme.fraction=0.3"))  # 16 x 0.3 -> 5 features
+    assert runs_of(tmp_path) == []
+
+
+def test_causal_only_scheme_refuses_mlm(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="causal attention only"):
+        train(make_cfg("encoding=xpos", "task=mlm"))
+    assert runs_of(tmp_path) == []
+
+
+def test_resume_refuses_checkpoint_of_another_scheme_or_size(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=4", "trainer.val_check_interval=2", "run_name=shared"))
+    (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
+    with pytest.raises(ConfigError, match=r"encoding=.*alibi"):
+        train(make_cfg("encoding=alibi", f"ckpt_path={ckpt}"))
+    with pytest.raises(ConfigError, match="model"):
+        train(make_cfg("model.d_model=64", f"ckpt_path={ckpt}"))
+    (run,) = runs_of(tmp_path)  # no new run was opened
+    assert run.info.status == "FINISHED"
+
+
+def test_truncated_checkpoint(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=4", "trainer.val_check_interval=2"))
+    (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated, corrupt"):
+        train(make_cfg("ckpt_path=last"))
+    assert len(runs_of(tmp_path)) == 1
+
+
+def test_provenance_tags(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=2", "trainer.val_check_interval=2"))
+    (run,) = runs_of(tmp_path)
+    tags = run.data.tags
+    assert tags["data_source"] == "local" and len(tags["data_tokens_sha256"]) == 64
+    assert tags["version.torch"].startswith("2.") and tags["version.lightning"].startswith("2.")
+    assert tags["git_dirty"] in {"true", "false", "unknown"}
+    for key, value in run.data.params.items():  # no environment leaks into params
+        assert "SECRET" not in key.upper() and "TOKEN=" not in value.upper()
+
+
+@pytest.mark.slow
+def test_parallel_sweep_joblib_all_runs_logged(tmp_path, data_root, cache_dir):
+    """Four runs, two at a time, one SQLite store created fresh: none lost."""
+    r = _cli(tmp_path, data_root, cache_dir, "-m", "encoding=none,alibi,rope,t5_bias", "hydra/launcher=joblib",
+             "hydra.launcher.n_jobs=2", *cli_overrides(cache_dir), "trainer.max_steps=4",
+             "trainer.val_check_interval=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = runs_of(tmp_path)
+    assert sorted(x.info.run_name for x in runs) == ["alibi-lm-s0", "none-lm-s0", "rope-lm-s0", "t5_bias-lm-s0"]
+    assert {x.info.status for x in runs} == {"FINISHED"}
+    assert all("val/loss" in x.data.metrics for x in runs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=4", "trainer.val_check_interval=2"))
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+
+    def call(path, body=None):
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    try:
+        for _ in range(120):
+            try:
+                exp = call("/experiments/get-by-name?experiment_name=posenc")["experiment"]
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer within 60 s")
+        (run,) = call("/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+        assert run["info"]["status"] == "FINISHED"
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        metrics = {m["key"] for m in run["data"]["metrics"]}
+        assert params["encoding.name"] == "rope" and {"val/loss", "train/loss"} <= metrics
+        files = call(f"/artifacts/list?run_id={run['info']['run_id']}")["files"]
+        assert {"config.yaml", "tokenizer.json"} <= {f["path"] for f in files}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
