@@ -550,6 +550,35 @@ def test_fast_path_equals_naive_attention(name, causal):
     torch.testing.assert_close(y, ref, **TOL)
 
 
+@pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)
+def test_model_forward_equals_layerwise_reference(name, causal):
+    """The whole model (position-only biases computed once per forward and shared
+    by the layers of a shared scheme) against naive attention layer by layer."""
+    torch.manual_seed(3)
+    model = tiny_model(name, causal).eval()
+    perturb(model.positional_parameters())
+    idx = torch.randint(0, 256, (2, 12))
+    pos = torch.arange(12)
+    with torch.no_grad():
+        y = model(idx)
+        word, posn = model.embed(idx, pos)
+        x = word if posn is None else word + posn
+        for block in model.blocks:
+            attn = block.attn
+            q, k, v = attn.project(block.ln1(x))
+            logits = attn.logits(q, k, pos, pos)
+            if causal:
+                logits = logits + causal_mask(pos, pos, logits.dtype)
+            probs = logits.softmax(-1)
+            out = probs @ v
+            if attn.scheme.uses_value_term:
+                out = out + attn.scheme.value_term(probs, pos, pos)
+            x = x + attn.out(out.transpose(1, 2).reshape(2, 12, D))
+            x = x + block.mlp(block.ln2(x))
+        ref = model.ln_f(x) @ model.tok.weight.T
+    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 def test_causal_model_ignores_later_tokens(name):
     torch.manual_seed(2)

@@ -45,12 +45,26 @@ class Attention(nn.Module):
         b = self.scheme.bias(q, k, q_pos, k_pos)
         return att if b is None else att + b
 
-    def forward(self, h: Tensor, pos: Tensor) -> Tensor:
+    def position_mask(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
+        """Float attention mask of a position-only bias scheme, causal mask included."""
+        mask = self.scheme.bias(None, None, pos, pos).to(dtype)
+        return mask + causal_mask(pos, pos, dtype) if self.causal else mask
+
+    def forward(self, h: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
+        """h (B, T, D) at positions pos (T,). ``mask``: a precomputed ``position_mask``
+        (the model shares it between layers that share a scheme)."""
         B, T, D = h.shape
         q, k, v = self.project(h)
         sch = self.scheme
         drop = self.dropout if self.training else 0.0
-        if sch.uses_value_term:
+        if mask is None and sch.position_only_bias:
+            mask = self.position_mask(pos, q.dtype)
+        if mask is not None:
+            q, k = sch.rotate(q, k, pos, pos)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask.to(q.dtype), dropout_p=drop, scale=sch.logit_scale()
+            )
+        elif sch.uses_value_term:
             att = self.logits(q, k, pos, pos)
             if self.causal:
                 att = att + causal_mask(pos, pos, att.dtype)

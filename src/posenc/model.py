@@ -36,8 +36,8 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, pos: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x), pos)
+    def forward(self, x: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos, mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -103,8 +103,15 @@ class Transformer(nn.Module):
             pos = torch.arange(T, device=idx.device)
         word, posn = self.embed(idx, pos)
         x = self.drop(word if posn is None else word + posn)
+        masks: dict[int, Tensor] = {}  # position-only biases: once per scheme instance
         for block in self.blocks:
-            x = block(x, pos)
+            attn, mask = block.attn, None
+            if attn.scheme.position_only_bias:
+                key = id(attn.scheme)
+                if key not in masks:
+                    masks[key] = attn.position_mask(pos, x.dtype)
+                mask = masks[key]
+            x = block(x, pos, mask)
         return self.ln_f(x) @ self.tok.weight.T
 
     def loss(self, idx: Tensor, targets: Tensor, pos: Tensor | None = None, ignore_index: int = -100) -> Tensor:

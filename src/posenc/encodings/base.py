@@ -50,6 +50,9 @@ class PositionalScheme(nn.Module):
     uses_value_term: bool = False
     #: the scheme changes the attention logits (bias) or not
     has_bias: bool = False
+    #: the bias depends on positions alone (not on q, k): the model computes it,
+    #: with the causal mask folded in, once per forward and scheme instance
+    position_only_bias: bool = False
 
     def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, causal: bool = True):
         super().__init__()

@@ -69,6 +69,7 @@ class ALiBi(PositionalScheme):
     """
 
     has_bias = True
+    position_only_bias = True
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -84,6 +85,7 @@ class T5Bias(PositionalScheme):
     head and bucket, one table shared by every layer."""
 
     has_bias = True
+    position_only_bias = True
     shared_across_layers = True
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw):
@@ -115,6 +117,7 @@ class Kerple(PositionalScheme):
     """
 
     has_bias = True
+    position_only_bias = True
     shared_across_layers = False
 
     def __init__(
@@ -143,7 +146,7 @@ class Kerple(PositionalScheme):
     def bias(self, q, k, q_pos, k_pos):
         dist = relative_positions(q_pos, k_pos).abs().to(self.raw_r1.dtype)  # (Tq, Tk)
         b = -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * dist)
-        return b.to(q.dtype)[None]  # (1, H, Tq, Tk)
+        return b[None]  # (1, H, Tq, Tk)
 
 
 class FIRE(PositionalScheme):
@@ -171,6 +174,7 @@ class FIRE(PositionalScheme):
     """
 
     has_bias = True
+    position_only_bias = True
     shared_across_layers = False
 
     def __init__(
@@ -201,4 +205,4 @@ class FIRE(PositionalScheme):
 
     def bias(self, q, k, q_pos, k_pos):
         x = self.normalized_distance(q_pos, k_pos)
-        return self.mlp(x[..., None]).permute(2, 0, 1).to(q.dtype)[None]  # (1, H, Tq, Tk)
+        return self.mlp(x[..., None]).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)

@@ -45,6 +45,7 @@ class TUPE(PositionalScheme):
     """
 
     has_bias = True
+    position_only_bias = True
     shared_across_layers = True
 
     def __init__(
@@ -106,7 +107,7 @@ class TUPE(PositionalScheme):
                 relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
             )
             b = b + self.rel(buckets).permute(2, 0, 1)
-        return b.to(q.dtype)[None]  # (1, H, Tq, Tk)
+        return b[None]  # (1, H, Tq, Tk)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", untie_cls={self.untie_cls}, relative_bias={self.rel is not None}"
