@@ -216,7 +216,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if trainer.is_global_zero:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name}
-            (out_dir / "run.json").write_text(json.dumps(meta, indent=2))
+            write_json_atomic(out_dir / "run.json", meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         if logger is not None:
             log_run_end(
@@ -231,8 +231,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
+        write_json_atomic(out_dir / "metrics.json", {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
+                                                     "task": cfg.task.name, "seed": cfg.seed, **metrics})
         log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
     return metrics
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
