@@ -62,7 +62,7 @@ class Learned(PositionalScheme):
     rather than wrapping or clipping.
     """
 
-    def __init__(self, *, init_std: float = 0.02, **kw):
+    def __init__(self, *, init_std: float = 1.0, **kw):
         super().__init__(**kw)
         self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
 

@@ -1,0 +1,1 @@
+"""Figures from results files (never re-trains)."""
