@@ -1,0 +1,1 @@
+"""DVC stage commands: thin CLIs over posenc."""

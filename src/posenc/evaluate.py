@@ -1,0 +1,504 @@
+"""Perplexity at any evaluation length, from a checkpoint (Press et al. 2022).
+
+"Train short, test long" (Press, Smith & Lewis 2022, Figure 1 and Table 2):
+a language model trained on windows of L tokens is evaluated on windows of
+L, 2L, 4L, ... tokens of the validation split.
+
+Which tokens are scored
+-----------------------
+Every evaluation length and every method scores the SAME tokens, each
+exactly once, so the perplexities differ only by the context the model sees:
+
+* The split's token array ``t`` is cut to a fixed span: the scored targets are
+  ``t[1 : N + 1]`` (predicted from ``t[0 : N]``), with
+  ``N = floor(min(max_tokens, len(t) - 1) / M) * M`` where ``M`` is the least
+  common multiple of the evaluation lengths (for L * 2^k this is simply the
+  largest length). ``N`` therefore tiles exactly into windows of every length.
+* ``nonoverlapping`` (the paper's default): windows ``[i*T, i*T + T)`` for
+  i = 0 .. N/T - 1; every token of every window is scored, so the first token
+  of a window has no context. With T = the training length and ``N`` covering
+  the first k validation windows this is exactly what training's validation
+  loop computes (``posenc.data.Windows``).
+* ``sliding`` with stride s (s <= T): the first window ``[0, T)`` scores all of
+  its T tokens; each later window ends s tokens after the previous one
+  (``[e - T, e)`` with e = T + s, T + 2s, ... and finally N) and scores only the
+  tokens the previous windows did not score (its last s, or fewer at the end),
+  so every scored token but those of the first window sees at least T - s
+  tokens of context. With s = T this is the non-overlapping method.
+
+Every window is fed at positions 0 .. T-1 (a fresh sequence, as in the paper).
+
+Schemes that cannot represent a length (``Transformer.check_length`` raises
+ValueError: a learned table shorter than T) are reported as not applicable:
+``ppl`` is NaN / None and ``note`` holds the reason. Nothing is wrapped or
+clipped.
+
+Memory: windows are batched so that batch * T stays under ``token_budget``
+(at least one window per batch); the evaluation builds only (B, T) index
+tensors and the model's (B, T, V) logits, never anything of size T^2 * D.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+METHODS = ("nonoverlapping", "sliding")
+DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16)
+DEFAULT_MAX_TOKENS = 65536
+DEFAULT_TOKEN_BUDGET = 8192
+COLUMNS = (
+    "scheme", "seed", "train_len", "eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note",
+    "corpus", "split", "run_id", "checkpoint",
+)  # fmt: skip
+
+
+# ------------------------------------------------------------- token choice
+def span_length(n_available: int, lengths: Sequence[int], max_tokens: int | None) -> int:
+    """N: the number of scored tokens, a multiple of every length (see module doc).
+
+    ``n_available`` is the size of the token array (N + 1 tokens are needed).
+    """
+    if not lengths:
+        raise ValueError("no evaluation lengths given")
+    if min(lengths) < 1:
+        raise ValueError(f"evaluation lengths must be positive, got {list(lengths)}")
+    m = math.lcm(*[int(x) for x in lengths])
+    limit = n_available - 1 if max_tokens is None else min(int(max_tokens), n_available - 1)
+    n = (limit // m) * m
+    if n < 1:
+        raise ValueError(
+            f"cannot score the same tokens at lengths {list(lengths)}: that needs a multiple of {m} tokens, "
+            f"but max_tokens={max_tokens} and the split holds {n_available} tokens; "
+            "raise max_tokens or evaluate shorter lengths"
+        )
+    return n
+
+
+def windows(n: int, length: int, method: str, stride: int | None = None) -> list[tuple[int, int]]:
+    """(start, first scored index in the window) of every window over N scored tokens.
+
+    Window (s, j) feeds inputs t[s : s+T] and scores the predictions of
+    t[s+j+1 : s+T+1]. The scored targets of all windows partition t[1 : N+1].
+    """
+    if length > n:
+        raise ValueError(f"window {length} is longer than the {n} scored tokens")
+    if method == "nonoverlapping":
+        if n % length:
+            raise ValueError(f"{n} scored tokens do not tile into windows of {length}")
+        return [(s, 0) for s in range(0, n, length)]
+    if method == "sliding":
+        s = length if stride is None else int(stride)
+        if not 1 <= s <= length:
+            raise ValueError(f"stride={s} must be in [1, window={length}] (a larger stride skips tokens)")
+        out, end = [(0, 0)], length
+        while end < n:
+            new_end = min(end + s, n)
+            out.append((new_end - length, length - (new_end - end)))
+            end = new_end
+        return out
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def resolve_stride(length: int, stride: int | None) -> int:
+    """The stride used at window ``length``: ``stride`` capped at the window, or T/2 when None."""
+    if stride is None:
+        return max(1, length // 2)
+    if stride < 1:
+        raise ValueError(f"stride={stride} must be positive")
+    return min(int(stride), length)
+
+
+# --------------------------------------------------------------- evaluation
+@torch.no_grad()
+def score(
+    model: torch.nn.Module,
+    tokens: np.ndarray,
+    length: int,
+    method: str = "nonoverlapping",
+    stride: int | None = None,
+    n: int | None = None,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> tuple[float, int]:
+    """(summed negative log-likelihood in nats, scored token count) over t[1 : n+1]."""
+    n = len(tokens) - 1 if n is None else n
+    plan = windows(n, length, method, stride)
+    span = torch.from_numpy(np.asarray(tokens[: n + 1]).astype(np.int64))
+    batch = max(1, token_budget // length)
+    pos = torch.arange(length, device=device)
+    cols = torch.arange(length, device=device)
+    total, count = 0.0, 0
+    bar = tqdm(total=n, unit="tok", desc=f"{method} T={length}", disable=not progress, leave=False)
+    for b in range(0, len(plan), batch):
+        chunk = plan[b : b + batch]
+        starts = torch.tensor([s for s, _ in chunk])
+        idx = starts[:, None] + torch.arange(length + 1)  # (B, T+1) indices into the span
+        w = span[idx].to(device)
+        x, y = w[:, :-1], w[:, 1:]  # (B, T) each
+        logits = model(x, pos).float()  # (B, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(y)  # (B, T)
+        first = torch.tensor([j for _, j in chunk], device=device)
+        keep = cols[None, :] >= first[:, None]  # (B, T)
+        total += float(nll[keep].double().sum())
+        k = int(keep.sum())
+        count += k
+        bar.update(k)
+    bar.close()
+    if count != n:  # the windows partition the span: anything else is a bug
+        raise RuntimeError(f"scored {count} tokens instead of {n} ({method}, T={length})")
+    return total, count
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokens: np.ndarray,
+    lengths: Sequence[int],
+    methods: Sequence[str] = ("nonoverlapping",),
+    stride: int | None = None,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Rows {eval_len, method, stride, ppl, nll, n_tokens, note} for a posenc Transformer.
+
+    The same N tokens (see the module docstring) are scored at every length
+    and by every method; lengths the model cannot represent get ppl NaN and a note.
+    """
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {METHODS}")
+    lengths = sorted({int(x) for x in lengths})
+    n = span_length(len(tokens), lengths, max_tokens)
+    was_training = model.training
+    model.eval()
+    rows = []
+    try:
+        for length in lengths:
+            note = ""
+            try:
+                model.check_length(length)
+            except ValueError as e:
+                note = f"not applicable: {e}"
+            for method in methods:
+                s = resolve_stride(length, stride) if method == "sliding" else length
+                row = {"eval_len": length, "method": method, "stride": s, "ppl": math.nan, "nll": math.nan,
+                       "n_tokens": 0, "note": note}  # fmt: skip
+                if not note:
+                    t0 = time.perf_counter()
+                    total, count = score(model, tokens, length, method, s, n, token_budget, device, progress)
+                    row.update(nll=total / count, ppl=math.exp(total / count), n_tokens=count)
+                    log.info("T=%d %s: ppl %.3f over %d tokens in %.1fs", length, method, row["ppl"], count,
+                             time.perf_counter() - t0)  # fmt: skip
+                rows.append(row)
+    finally:
+        model.train(was_training)
+    return rows
+
+
+# -------------------------------------------------------------- checkpoints
+def default_root() -> Path:
+    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
+
+
+def default_tracking_uri() -> str:
+    from .tracking import sqlite_uri
+
+    return os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(default_root() / "mlflow.db")
+
+
+def _pick(folder: Path, which: str) -> Path:
+    """last.ckpt or the best-step=N.ckpt (highest N when several) of a checkpoints folder."""
+    if which == "last":
+        p = folder / "last.ckpt"
+        if p.is_file():
+            return p
+    elif which == "best":
+        best = sorted(folder.glob("best-*.ckpt"), key=lambda p: (p.stat().st_mtime, p.name))
+        if best:
+            return best[-1]
+    else:
+        raise ValueError(f"which={which!r}: choose 'last' or 'best'")
+    raise FileNotFoundError(f"no {which} checkpoint in {folder}")
+
+
+@dataclass
+class Resolved:
+    """A checkpoint file and what is known about its MLflow run."""
+
+    path: Path
+    run_id: str | None = None
+    tracking_uri: str | None = None
+
+
+def run_id_of(ckpt: Path) -> str | None:
+    """The MLflow run of a checkpoint: run.json beside its checkpoints/ folder, or the
+    run folder of an MLflow artifact path (<artifacts>/<run_id>/artifacts/checkpoints/x.ckpt)."""
+    meta = ckpt.parent.parent / "run.json"
+    if meta.is_file():
+        return json.loads(meta.read_text()).get("mlflow_run_id")
+    if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.name == "artifacts":
+        return ckpt.parents[2].name
+    return None
+
+
+def resolve_checkpoint(
+    ref: str | os.PathLike,
+    which: str = "last",
+    runs_dir: str | os.PathLike | None = None,
+    tracking_uri: str | None = None,
+    download_dir: str | os.PathLike | None = None,
+) -> Resolved:
+    """A checkpoint from a .ckpt path, a run folder (or its checkpoints/), or an MLflow run id.
+
+    A run id is looked up first among the run folders under ``runs_dir``
+    (default <POSENC_ROOT or .>/outputs; their run.json names the MLflow run),
+    then among the run's ``checkpoints/`` artifacts in MLflow, which are
+    downloaded to ``download_dir`` (default: a fresh temporary folder).
+    """
+    p = Path(ref).expanduser()
+    if p.is_file():
+        return Resolved(p.resolve(), run_id_of(p.resolve()))
+    if p.is_dir():
+        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        ckpt = _pick(folder, which).resolve()
+        return Resolved(ckpt, run_id_of(ckpt))
+    run_id = str(ref)
+    if os.sep in run_id or run_id.endswith(".ckpt"):
+        raise FileNotFoundError(f"no checkpoint at {ref}")
+    runs = Path(runs_dir) if runs_dir else default_root() / "outputs"
+    for meta in sorted(runs.glob("**/run.json")) if runs.is_dir() else []:
+        try:
+            info = json.loads(meta.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if info.get("mlflow_run_id") == run_id and (meta.parent / "checkpoints").is_dir():
+            try:
+                return Resolved(_pick(meta.parent / "checkpoints", which).resolve(), run_id)
+            except FileNotFoundError:
+                pass
+    import mlflow
+
+    uri = tracking_uri or default_tracking_uri()
+    client = mlflow.MlflowClient(uri)
+    try:
+        names = [Path(a.path).name for a in client.list_artifacts(run_id, "checkpoints")]
+    except mlflow.exceptions.MlflowException as e:
+        raise FileNotFoundError(
+            f"{ref!r} is neither a checkpoint file, a run folder, nor an MLflow run in {uri} ({e})"
+        ) from e
+    wanted = ["last.ckpt"] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
+    if not wanted or wanted[0] not in names:
+        raise FileNotFoundError(
+            f"MLflow run {run_id} in {uri} has no {which} checkpoint among its artifacts {names}; "
+            f"train with log_checkpoint=true or give the .ckpt path"
+        )
+    dst = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="posenc-ckpt-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    local = client.download_artifacts(run_id, f"checkpoints/{wanted[0]}", str(dst))
+    return Resolved(Path(local).resolve(), run_id, uri)
+
+
+def load_module(path: str | os.PathLike, device: str | torch.device = "cpu"):
+    """The LMModule of a checkpoint, in eval mode on ``device``."""
+    from .module import LMModule
+
+    module = LMModule.load_from_checkpoint(str(path), map_location=device, weights_only=False)
+    return module.eval().to(device)
+
+
+def split_tokens(
+    cfg: dict, split: str = "validation", data_dir: str | None = None, cache_dir: str | None = None
+) -> np.ndarray:
+    """The token ids of ``split`` for the data config a model was trained with.
+
+    ``data_dir`` / ``cache_dir`` replace the folders recorded in the config
+    (a checkpoint made on another machine). The tokenizer is the cached one,
+    keyed by the corpus and tokenizer settings, so it is the training one.
+    """
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.create(cfg["data"])
+    if data_dir is not None:
+        data.corpus.root = str(data_dir)
+    if cache_dir is not None:
+        data.cache_dir = str(cache_dir)
+    dm = instantiate(data)
+    dm.prepare_data()
+    return dm.tokens(split)
+
+
+# ------------------------------------------------------------------- output
+def file_mode() -> int:
+    """The mode a plain new file gets under the current umask (mkstemp would give 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _clean(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def write_results(rows: Sequence[dict], out: str | os.PathLike) -> list[Path]:
+    """Write ``rows`` as ``<out>.csv`` and ``<out>.json`` (records; NaN -> null), atomically."""
+    import io
+
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix in (".csv", ".json") else out
+    cols = list(COLUMNS) + sorted({k for r in rows for k in r} - set(COLUMNS))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if _clean(r.get(k)) is None else r.get(k)) for k in cols})
+    paths = [stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")]
+    _atomic_write(paths[0], buf.getvalue())
+    _atomic_write(paths[1], json.dumps([{k: _clean(r.get(k)) for k in cols} for r in rows], indent=1) + "\n")
+    return paths
+
+
+def read_results(paths: Iterable[str | os.PathLike]):
+    """One pandas DataFrame from results files (.csv or .json records)."""
+    import pandas as pd
+
+    frames = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"no results file {p}")
+        df = pd.read_json(p, orient="records") if p.suffix == ".json" else pd.read_csv(p)
+        df["source"] = str(p)
+        frames.append(df)
+    if not frames:
+        raise ValueError("no results files given")
+    df = pd.concat(frames, ignore_index=True)
+    df["ppl"] = pd.to_numeric(df["ppl"], errors="coerce")
+    df["note"] = df["note"].fillna("") if "note" in df else ""
+    return df
+
+
+def log_to_mlflow(
+    rows: Sequence[dict], run_id: str, tracking_uri: str, files: Sequence[Path] = (), tags: dict | None = None
+) -> None:
+    """Metric ``extrapolation/ppl_<method>`` at step = evaluation length (applicable rows
+    only), tags with the settings, and the results files as artifacts under ``extrapolation/``."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(tracking_uri)
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(f"extrapolation/ppl_{r['method']}", float(r["ppl"]), now, int(r["eval_len"]))
+        for r in rows
+        if r.get("ppl") is not None and math.isfinite(r["ppl"])
+    ]
+    client.log_batch(run_id, metrics=metrics)
+    for k, v in (tags or {}).items():
+        client.set_tag(run_id, k, str(v))
+    for f in files:
+        client.log_artifact(run_id, str(f), artifact_path="extrapolation")
+
+
+# ----------------------------------------------------------------- top level
+@dataclass
+class Settings:
+    """What ``evaluate_checkpoint`` does; the CLI's flags map one to one."""
+
+    multipliers: Sequence[int] = DEFAULT_MULTIPLIERS
+    lengths: Sequence[int] | None = None  # explicit lengths instead of multipliers x train length
+    methods: Sequence[str] = METHODS
+    stride: int | None = None  # sliding stride in tokens; None: half the window
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the whole split (floored)
+    split: str = "validation"
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    device: str = "cpu"
+    which: str = "last"
+    data_dir: str | None = None
+    cache_dir: str | None = None
+    runs_dir: str | None = None
+    tracking_uri: str | None = None  # where to find / log the run; default: the run's own
+    log_mlflow: bool = True
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None, out: str | None = None):
+    """Evaluate one checkpoint (path, run folder or MLflow run id) at every length.
+
+    Returns (rows, files written). Rows carry scheme, seed, train_len, corpus,
+    split, run id and checkpoint besides the per-length results.
+    """
+    s = settings or Settings()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if s.device == "auto" else s.device
+    res = resolve_checkpoint(ref, s.which, s.runs_dir, s.tracking_uri)
+    module = load_module(res.path, device)
+    cfg = module.hparams["cfg"]
+    train_len = int(cfg["data"]["seq_len"])
+    lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
+    tokens = split_tokens(cfg, s.split, s.data_dir, s.cache_dir)
+    vocab = int(module.hparams["vocab_size"])
+    if int(tokens.max()) >= vocab:
+        raise ValueError(
+            f"the {s.split} tokens hold ids >= the model's vocabulary of {vocab}: the data cache does "
+            "not match the checkpoint's tokenizer; check data_dir / cache_dir"
+        )
+    rows = evaluate_model(
+        module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device, s.progress
+    )
+    base = {
+        "scheme": cfg["encoding"]["name"],
+        "seed": cfg.get("seed"),
+        "train_len": train_len,
+        "corpus": cfg["data"]["corpus"]["name"],
+        "split": s.split,
+        "run_id": res.run_id,
+        "checkpoint": str(res.path),
+        **s.extra,
+    }
+    rows = [{**base, **r} for r in rows]
+    files = write_results(rows, out) if out else []
+    if s.log_mlflow:
+        if res.run_id is None:
+            log.warning("no MLflow run known for %s: results not logged to MLflow", res.path)
+        else:
+            uri = s.tracking_uri or res.tracking_uri or (cfg.get("logger") or {}).get("tracking_uri")
+            uri = uri or default_tracking_uri()
+            n = next((r["n_tokens"] for r in rows if r["n_tokens"]), 0)
+            tags = {"extrapolation.split": s.split, "extrapolation.n_tokens": n,
+                    "extrapolation.stride": "half window" if s.stride is None else s.stride}  # fmt: skip
+            log_to_mlflow(rows, res.run_id, uri, files, tags)
+    return rows, files

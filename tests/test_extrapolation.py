@@ -1,0 +1,200 @@
+"""Length extrapolation (Press et al. 2022): evaluation at any length, results, MLflow, figure."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from posenc import evaluate as ev
+from posenc.module import build_model
+from posenc.train import CONFIG_DIR, train
+
+from .conftest import FAST
+
+TRAIN_LEN, EVAL_BATCH, VAL_BATCHES = 32, 8, 3
+
+
+def compose_cfg(root, data_root, cache_dir, *overrides):
+    base = [f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("train", overrides=base + FAST + list(overrides))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_root, cache_dir):
+    """A tiny rope model trained 4 steps, validated on the first 3 batches of 8 windows of 32."""
+    root = tmp_path_factory.mktemp("extrap")
+    cfg = compose_cfg(
+        root, data_root, cache_dir,
+        "trainer.max_steps=4", "trainer.val_check_interval=2", f"trainer.limit_val_batches={VAL_BATCHES}",
+        f"data.seq_len={TRAIN_LEN}", "data.batch_size=8", f"data.eval_batch_size={EVAL_BATCH}",
+        "log_checkpoint=true",
+    )  # fmt: skip
+    metrics = train(cfg)
+    (run_dir,) = (root / "outputs" / "runs").iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    return {"root": root, "metrics": metrics, "run_dir": run_dir, "run_id": meta["mlflow_run_id"],
+            "uri": f"sqlite:///{root}/mlflow.db", "cfg": cfg}  # fmt: skip
+
+
+def tiny_model(root, data_root, cache_dir, *overrides):
+    """An untrained model and the validation tokens of its data config."""
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg(root, data_root, cache_dir, f"data.seq_len={TRAIN_LEN}", *overrides)
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    torch.manual_seed(0)
+    return build_model(cfg, dm.tokenizer_vocab_size).eval(), dm.tokens("validation")
+
+
+def test_evaluation_at_train_length_equals_training_validation(trained, tmp_path):
+    n_val = VAL_BATCHES * EVAL_BATCH * TRAIN_LEN  # the windows the last validation loop scored
+    settings = ev.Settings(lengths=[TRAIN_LEN], methods=["nonoverlapping", "sliding"], stride=TRAIN_LEN,
+                           max_tokens=n_val, progress=False)  # fmt: skip
+    rows, files = ev.evaluate_checkpoint(trained["run_dir"], settings, out=tmp_path / "res.csv")
+    assert [r["method"] for r in rows] == ["nonoverlapping", "sliding"]
+    for r in rows:
+        assert r["n_tokens"] == n_val and r["note"] == ""
+        assert r["ppl"] == pytest.approx(trained["metrics"]["val/ppl"], rel=1e-4)
+        assert math.log(r["ppl"]) == pytest.approx(trained["metrics"]["val/loss"], rel=1e-4)
+        assert (r["scheme"], r["seed"], r["train_len"], r["eval_len"]) == ("rope", 0, TRAIN_LEN, TRAIN_LEN)
+        assert r["run_id"] == trained["run_id"]
+    assert [f.name for f in files] == ["res.csv", "res.json"] and all(f.is_file() for f in files)
+    # logged to the model's MLflow run: step = evaluation length
+    client = mlflow.MlflowClient(trained["uri"])
+    hist = client.get_metric_history(trained["run_id"], "extrapolation/ppl_nonoverlapping")
+    assert [(h.step, round(h.value, 6)) for h in hist] == [(TRAIN_LEN, round(rows[0]["ppl"], 6))]
+    arts = {a.path for a in client.list_artifacts(trained["run_id"], "extrapolation")}
+    assert arts == {"extrapolation/res.csv", "extrapolation/res.json"}
+
+
+def test_run_id_resolves_through_run_folder_mlflow_artifacts_and_cli(trained, tmp_path):
+    from pipelines.extrapolate import main
+
+    by_folder = ev.resolve_checkpoint(trained["run_id"], runs_dir=trained["root"] / "outputs")
+    assert by_folder.path == (trained["run_dir"] / "checkpoints" / "last.ckpt").resolve()
+    by_artifact = ev.resolve_checkpoint(
+        trained["run_id"], runs_dir=tmp_path / "none", tracking_uri=trained["uri"], download_dir=tmp_path / "dl"
+    )
+    assert by_artifact.path == (tmp_path / "dl" / "last.ckpt").resolve()
+    assert by_artifact.run_id == trained["run_id"]
+    a = torch.load(by_folder.path, map_location="cpu", weights_only=False)["state_dict"]
+    b = torch.load(by_artifact.path, map_location="cpu", weights_only=False)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(FileNotFoundError, match="neither"):
+        ev.resolve_checkpoint("0" * 32, runs_dir=tmp_path / "none", tracking_uri=trained["uri"])
+
+    rows = main([trained["run_id"], "--runs-dir", str(trained["root"] / "outputs"), "--multipliers", "1", "2",
+                 "--methods", "nonoverlapping", "--max-tokens", "1024", "--no-progress", "--no-mlflow",
+                 "--out", str(tmp_path / "cli.csv")])  # fmt: skip
+    assert [(r["eval_len"], r["n_tokens"]) for r in rows] == [(32, 1024), (64, 1024)]
+    assert len(ev.read_results([tmp_path / "cli.csv"])) == 2
+
+
+def test_windows_partition_the_same_tokens():
+    for n, T, s in [(96, 32, 32), (96, 32, 7), (96, 32, 1), (64, 64, 5), (100, 30, 16)]:
+        scored = []
+        for start, first in ev.windows(n, T, "sliding", s):
+            assert start >= 0 and start + T <= n and 0 <= first < T
+            scored += range(start + first, start + T)
+        assert scored == list(range(n)), (n, T, s)  # each target exactly once, in order
+    assert ev.windows(96, 32, "sliding", 32) == ev.windows(96, 32, "nonoverlapping")
+    assert ev.span_length(5000, [64, 128, 256, 512, 1024], 4000) == 3072
+    assert ev.span_length(10_000, [64, 128, 256, 512, 1024], None) == 9216
+    with pytest.raises(ValueError, match="multiple of 1024"):
+        ev.span_length(900, [64, 1024], None)
+
+
+def test_sliding_full_stride_equals_nonoverlapping_and_batches_stay_bounded(tmp_path, data_root, cache_dir):
+    model, tokens = tiny_model(tmp_path, data_root, cache_dir, "encoding=alibi")
+    shapes = []
+
+    class Spy(torch.nn.Module):  # records the batch shapes the evaluation feeds
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def check_length(self, T):
+            self.inner.check_length(T)
+
+        def forward(self, idx, pos):
+            shapes.append(tuple(idx.shape))
+            assert not torch.is_grad_enabled()
+            assert not self.training
+            return self.inner(idx, pos)
+
+    lengths = [32, 64, 256]
+    full = ev.evaluate_model(Spy(model), tokens, lengths, ["nonoverlapping", "sliding"], stride=10_000,
+                             max_tokens=1024, token_budget=256, progress=False)  # fmt: skip
+    assert all(b * t <= 256 or b == 1 for b, t in shapes)
+    assert max(b for b, t in shapes if t == 32) == 8
+    by = {(r["eval_len"], r["method"]): r for r in full}
+    for T in lengths:
+        a, b = by[T, "nonoverlapping"], by[T, "sliding"]
+        assert b["stride"] == T and a["n_tokens"] == b["n_tokens"] == 1024
+        assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-6)
+    half = ev.evaluate_model(model, tokens, [64], ["sliding"], stride=16, max_tokens=1024, progress=False)
+    assert half[0]["n_tokens"] == 1024 and half[0]["stride"] == 16 and math.isfinite(half[0]["ppl"])
+    assert half[0]["ppl"] != pytest.approx(by[64, "nonoverlapping"]["ppl"], rel=1e-9)
+
+
+def test_nope_finite_at_sixteen_times_train_length(tmp_path, data_root, cache_dir):
+    model, tokens = tiny_model(tmp_path, data_root, cache_dir, "encoding=none")
+    rows = ev.evaluate_model(model, tokens, [TRAIN_LEN * m for m in (1, 4, 16)], max_tokens=1024, progress=False)
+    assert [r["eval_len"] for r in rows] == [32, 128, 512]
+    assert all(math.isfinite(r["ppl"]) and r["n_tokens"] == 1024 and r["note"] == "" for r in rows)
+
+
+def test_learned_not_applicable_past_its_table(tmp_path, data_root, cache_dir):
+    model, tokens = tiny_model(tmp_path, data_root, cache_dir, "encoding=learned", "model.max_len=64")
+    rows = ev.evaluate_model(model, tokens, [32, 64, 128, 512], ["nonoverlapping", "sliding"], max_tokens=1024,
+                             progress=False)  # fmt: skip
+    ok = [r for r in rows if r["eval_len"] <= 64]
+    na = [r for r in rows if r["eval_len"] > 64]
+    assert len(ok) == len(na) == 4
+    assert all(math.isfinite(r["ppl"]) and r["note"] == "" for r in ok)
+    for r in na:
+        assert math.isnan(r["ppl"]) and r["n_tokens"] == 0
+        assert "not applicable" in r["note"] and "max_len=64" in r["note"]
+    csv_path, json_path = ev.write_results(rows, tmp_path / "learned")
+    records = json.loads(json_path.read_text())
+    assert [r["ppl"] is None for r in records] == [r["eval_len"] > 64 for r in rows]
+    assert np.isnan(ev.read_results([csv_path])["ppl"]).sum() == 4
+
+
+def test_figure_has_one_line_per_scheme(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from analysis.extrapolation import main, plot, scheme_lines
+
+    rng = np.random.default_rng(0)
+    files = []
+    for scheme, slope in [("alibi", 0.0), ("rope", 0.4), ("sinusoidal", 1.0), ("learned", None)]:
+        rows = []
+        for seed in (0, 1):
+            for L in (32, 64):
+                for m in (1, 2, 4, 8, 16):
+                    ppl = math.nan if slope is None and m > 1 else 80 * (1 + (slope or 0) * math.log2(m))
+                    rows.append({"scheme": scheme, "seed": seed, "train_len": L, "eval_len": L * m,
+                                 "method": "nonoverlapping", "stride": L * m, "corpus": "wikitext2",
+                                 "split": "validation", "ppl": ppl + rng.normal() if ppl == ppl else ppl,
+                                 "n_tokens": 2048, "note": "" if ppl == ppl else "not applicable: table"})
+        files += ev.write_results(rows, tmp_path / "results" / f"{scheme}")[:1]
+    fig, out = plot(files, tmp_path / "fig" / "extrapolation")
+    assert [p.suffix for p in out] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in out)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["trained at L = 32", "trained at L = 64"]
+    for ax in panels:
+        assert len(scheme_lines(ax)) == 4  # learned keeps its single applicable point
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    legend = fig.legends[0]
+    assert sorted(t.get_text() for t in legend.get_texts()) == ["alibi", "learned", "rope", "sinusoidal"]
+    plt.close(fig)
+    assert main([str(f) for f in files] + ["--out", str(tmp_path / "cli" / "fig")])[0].is_file()
