@@ -45,7 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tracking-uri", help="MLflow URI (default: the run's own, else sqlite:///./mlflow.db)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the model's MLflow run")
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    for flag, values in (("--lengths", a.lengths), ("--multipliers", a.multipliers)):
+        if values and min(values) < 1:
+            p.error(f"{flag} must be at least 1, got {values}")
+    return a
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -73,4 +77,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, not a traceback
+        sys.exit(f"error: {e}")

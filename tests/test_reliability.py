@@ -124,3 +124,12 @@ def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_evaluation_length_below_one_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pipelines.extrapolate", str(tmp_path / "missing.ckpt"),
+                        "--lengths", "0", "--no-mlflow", "--out", str(tmp_path / "r.csv")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "at least 1" in r.stderr
+    assert not (tmp_path / "r.csv").exists()

@@ -78,7 +78,9 @@ def span_length(n_available: int, lengths: Sequence[int], max_tokens: int | None
     if not lengths:
         raise ValueError("no evaluation lengths given")
     if min(lengths) < 1:
-        raise ValueError(f"evaluation lengths must be positive, got {list(lengths)}")
+        raise ValueError(
+            f"evaluation lengths must be at least 1, got {list(lengths)}; fix --lengths / --multipliers"
+        )
     m = math.lcm(*[int(x) for x in lengths])
     limit = n_available - 1 if max_tokens is None else min(int(max_tokens), n_available - 1)
     n = (limit // m) * m
@@ -321,7 +323,10 @@ def load_module(path: str | os.PathLike, device: str | torch.device = "cpu"):
     """The LMModule of a checkpoint, in eval mode on ``device``."""
     from .module import LMModule
 
-    module = LMModule.load_from_checkpoint(str(path), map_location=device, weights_only=False)
+    from .train import load_checkpoint
+
+    load_checkpoint(path)  # a clear error for a missing, truncated or foreign file
+    module = LMModule.load_from_checkpoint(str(path), map_location=device, weights_only=True)
     return module.eval().to(device)
 
 
