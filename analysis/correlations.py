@@ -113,14 +113,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def save_figure(fig, stem: str | os.PathLike, dpi: int = 150) -> list[Path]:
-    """``<stem>.png`` and ``<stem>.svg``, each written atomically (the figures lay
-    themselves out with fixed margins: ``bbox_inches="tight"`` would draw twice)."""
+    """``<stem>.png`` and ``<stem>.svg``, each written atomically, then close the
+    figure (the figures lay themselves out with fixed margins:
+    ``bbox_inches="tight"`` would draw twice)."""
     stem = Path(stem)
     out = []
-    for fmt in ("png", "svg"):
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        _atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi))
-        out.append(path)
+    try:
+        for fmt in ("png", "svg"):
+            path = stem.with_name(f"{stem.name}.{fmt}")
+            _atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi))
+            out.append(path)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -506,10 +510,7 @@ def plot_terms(
     if maps.caption:
         caption += "\n" + maps.caption
     fig.text(0.5, 0.08 / Hgt, caption, ha="center", va="bottom", fontsize=8, wrap=True)
-    try:
-        return save_figure(fig, stem)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, stem)
 
 
 def plot_heads(maps: TermMaps, stem: str | os.PathLike, band_width: int = DEFAULT_BAND_WIDTH) -> list[Path]:
@@ -552,10 +553,7 @@ def plot_heads(maps: TermMaps, stem: str | os.PathLike, band_width: int = DEFAUL
         y=1 - 0.1 / Hgt,
         va="top",
     )
-    try:
-        return save_figure(fig, stem)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, stem)
 
 
 def plot_overview(
@@ -609,10 +607,7 @@ def plot_overview(
         y=1 - 0.15 / Hgt,
         va="top",
     )
-    try:
-        return save_figure(fig, stem)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, stem)
 
 
 # ------------------------------------------------------------------ CLI
