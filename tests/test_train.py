@@ -163,8 +163,9 @@ def test_interrupt_then_resume_matches_uninterrupted(make_cfg, tmp_path, signum)
 
 
 def test_nan_loss_stops_names_step_and_scheme_keeps_last_good(make_cfg, tmp_path):
-    with pytest.raises(FloatingPointError, match=r"step 10 with encoding=alibi"):
-        train(make_cfg("encoding=alibi", "+callbacks.nan={_target_: tests.helpers.NanAt, step: 10}"))
+    # weights poisoned after step 11, i.e. after the step-10 validation saved last.ckpt
+    with pytest.raises(FloatingPointError, match=r"train loss nan at step 11 with encoding=alibi"):
+        train(make_cfg("encoding=alibi", "+callbacks.nan={_target_: tests.helpers.NanAt, step: 11}"))
     (run,) = runs_of(tmp_path)
     assert run.info.status == "FAILED"
     (ckpt,) = tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt")
