@@ -15,15 +15,28 @@ from .encodings.base import PositionalScheme
 
 
 @dataclass
-class ModelConfig:
-    vocab_size: int
+class ModelSize:
+    """What the ``model`` config group sets; also its Hydra schema, so a wrong
+    type fails at composition, naming the key."""
+
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
     d_ff: int = 512
     max_len: int = 1024
     dropout: float = 0.0
+
+
+@dataclass
+class ModelConfig(ModelSize):
+    """A model: its size plus what the data and task decide."""
+
+    vocab_size: int = 0
     causal: bool = True
+
+    def __post_init__(self):
+        if self.vocab_size < 1:
+            raise ValueError(f"ModelConfig needs a vocabulary size of at least 1, got {self.vocab_size}")
 
 
 class Block(nn.Module):

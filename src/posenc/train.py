@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
 from .callbacks import GracefulInterrupt
+from .model import ModelSize
 from .module import LMModule
 
 log = logging.getLogger(__name__)
@@ -38,19 +38,7 @@ class ConfigError(ValueError):
     """An impossible combination of settings."""
 
 
-@dataclass
-class ModelSchema:
-    """Types of the model group: a wrong type fails at composition, naming the key."""
-
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    max_len: int = 1024
-    dropout: float = 0.0
-
-
-ConfigStore.instance().store(group="schema", name="model", node=ModelSchema)
+ConfigStore.instance().store(group="schema", name="model", node=ModelSize)
 
 
 def check_config(cfg: DictConfig) -> None:
