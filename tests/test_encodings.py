@@ -18,12 +18,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from posenc.attention import Attention, causal_mask
+from posenc.attention import Attention, causal_mask, diagonal_sums
 from posenc.encodings import (
     TERM_NAMES,
     PositionalScheme,
     alibi_slopes,
     relative_logits,
+    relative_positions,
     relative_shift,
     relative_shift_future,
     relative_shift_two_sided,
@@ -31,6 +32,7 @@ from posenc.encodings import (
     sinusoidal_table,
     skew,
     t5_relative_bucket,
+    toeplitz,
 )
 from posenc.model import ModelConfig, Transformer
 
@@ -142,19 +144,21 @@ def qk(B=2, Tq=6, Tk=6, heads=H, dh=DH, seed=0):
 
 
 # -------------------------------------------------------------- index tricks
-@pytest.mark.parametrize("T", [1, 2, 7])
-def test_skew_matches_gather(T):
-    x = torch.randn(3, 2, T, 2 * T - 1)
-    out = skew(x)
-    assert out.shape == (3, 2, T, T)
-    i = torch.arange(T)[:, None]
-    j = torch.arange(T)[None, :]
-    ref = x.gather(-1, (j - i + T - 1).expand(3, 2, T, T))
+@pytest.mark.parametrize("Tq,Tk", [(1, None), (2, None), (7, None), (3, 7), (7, 3), (1, 5), (4, 1)])
+def test_skew_matches_gather(Tq, Tk):
+    W = 2 * Tq - 1 if Tk is None else Tq + Tk - 1
+    x = torch.randn(3, 2, Tq, W)
+    out = skew(x) if Tk is None else skew(x, Tk)
+    Tk = Tq if Tk is None else Tk
+    assert out.shape == (3, 2, Tq, Tk)
+    i = torch.arange(Tq)[:, None]
+    j = torch.arange(Tk)[None, :]
+    ref = x.gather(-1, (j - i + Tq - 1).expand(3, 2, Tq, Tk))
     assert torch.equal(out, ref)
     # and one element at a time
-    for a in range(T):
-        for b in range(T):
-            assert torch.equal(out[..., a, b], x[..., a, b - a + T - 1])
+    for a in range(Tq):
+        for b in range(Tk):
+            assert torch.equal(out[..., a, b], x[..., a, b - a + Tq - 1])
 
 
 def test_skew_rejects_wrong_width():
@@ -538,16 +542,32 @@ def test_fast_path_equals_naive_attention(name, causal):
     pos = torch.arange(10) + 3
     with torch.no_grad():
         y = attn(h, pos)
-        q, k, v = attn.project(h)
-        logits = attn.logits(q, k, pos, pos)
-        if causal:
-            logits = logits + causal_mask(pos, pos, logits.dtype)
-        probs = logits.softmax(-1)
-        ref = probs @ v
-        if sch.uses_value_term:
-            ref = ref + sch.value_term(probs, pos, pos)
-        ref = attn.out(ref.transpose(1, 2).reshape(2, 10, D))
+        ref = naive_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, **TOL)
+
+
+def naive_attention(attn: Attention, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """One attention layer from the plain formula: logits, mask, softmax, values."""
+    B, T, _ = h.shape
+    q, k, v = attn.project(h)
+    logits = attn.logits(q, k, pos, pos)
+    if attn.causal:
+        logits = logits + causal_mask(pos, pos, logits.dtype)
+    probs = logits.softmax(-1)
+    out = probs @ v
+    if attn.scheme.uses_value_term:
+        out = out + attn.scheme.value_term(probs, pos, pos)
+    return attn.out(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def naive_model(model: Transformer, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The model's logits computed layer by layer with ``naive_attention``."""
+    word, posn = model.embed(idx, pos)
+    x = word if posn is None else word + posn
+    for block in model.blocks:
+        x = x + naive_attention(block.attn, block.ln1(x), pos)
+        x = x + block.mlp(block.ln2(x))
+    return model.ln_f(x) @ model.tok.weight.T
 
 
 @pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)
@@ -558,25 +578,98 @@ def test_model_forward_equals_layerwise_reference(name, causal):
     model = tiny_model(name, causal).eval()
     perturb(model.positional_parameters())
     idx = torch.randint(0, 256, (2, 12))
-    pos = torch.arange(12)
     with torch.no_grad():
         y = model(idx)
-        word, posn = model.embed(idx, pos)
-        x = word if posn is None else word + posn
-        for block in model.blocks:
-            attn = block.attn
-            q, k, v = attn.project(block.ln1(x))
-            logits = attn.logits(q, k, pos, pos)
-            if causal:
-                logits = logits + causal_mask(pos, pos, logits.dtype)
-            probs = logits.softmax(-1)
-            out = probs @ v
-            if attn.scheme.uses_value_term:
-                out = out + attn.scheme.value_term(probs, pos, pos)
-            x = x + attn.out(out.transpose(1, 2).reshape(2, 12, D))
-            x = x + block.mlp(block.ln2(x))
-        ref = model.ln_f(x) @ model.tok.weight.T
+        ref = naive_model(model, idx, torch.arange(12))
     torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+
+
+LEARNED_BIAS = [(n, c, {}) for n, c in MODES if n in ("t5_bias", "kerple", "tupe", "skew", "transformer_xl", "fixed_bidirectional")]
+LEARNED_BIAS += [("fire", c, {"init_threshold": 4.0}) for c in (True, False)]  # L < T: distances spread out
+LEARNED_BIAS += [("tupe", c, {"untie_cls": True}) for c in (True, False)]
+
+
+@pytest.mark.parametrize(
+    "name,causal,overrides",
+    LEARNED_BIAS,
+    ids=[f"{n}-{'causal' if c else 'bidir'}{'-' + ','.join(o) if o else ''}" for n, c, o in LEARNED_BIAS],
+)
+def test_recomputed_bias_backward_equals_autograd(name, causal, overrides, monkeypatch):
+    """Learned position-only biases and content biases (no value term) on CPU train
+    through ``_RecomputedBiasAttention`` (fused forward, blockwise recomputed
+    backward). Its gradients, for every
+    parameter of the model, equal autograd through the naive layer-by-layer
+    formula. Blocks of 3 query rows, so every layer crosses several blocks."""
+    import posenc.attention as attention_module
+
+    calls = []
+    original = attention_module._RecomputedBiasAttention.apply
+
+    def counting_apply(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(attention_module._RecomputedBiasAttention, "apply", counting_apply)
+    B, T = 2, 12
+    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", B * H * T * 3)
+    torch.manual_seed(4)
+    model = tiny_model(name, causal, **overrides).train()
+    perturb(model.positional_parameters())
+    idx = torch.randint(0, 256, (B, T))
+    target = torch.roll(idx, -1, 1)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    # contiguous positions take the recomputing backward, shuffled ones the plain path
+    for pos, fast in ((torch.arange(T), True), (torch.arange(T) + 5, True), (torch.randperm(T), False)):
+        calls.clear()
+        loss = torch.nn.functional.cross_entropy(model(idx, pos).flatten(0, 1), target.flatten())
+        got = torch.autograd.grad(loss, [p for _, p in named])
+        assert len(calls) == (len(model.blocks) if fast else 0)
+        ref_loss = torch.nn.functional.cross_entropy(naive_model(model, idx, pos).flatten(0, 1), target.flatten())
+        ref = torch.autograd.grad(ref_loss, [p for _, p in named])
+        torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+        for (pname, _), a, b in zip(named, got, ref):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=lambda m, n=pname: f"{n}: {m}")
+
+
+def test_recomputed_bias_not_used_without_gradients_or_with_dropout():
+    model = tiny_model("t5_bias")
+    attn, x, pos = model.blocks[0].attn, torch.randn(1, 4, D), torch.arange(4)
+    assert attn.recomputes_bias(x, pos)
+    assert not attn.recomputes_bias(x, torch.tensor([0, 1, 3, 4]))
+    with torch.no_grad():
+        assert not attn.recomputes_bias(x, pos)
+    attn.dropout = 0.1
+    assert not attn.train().recomputes_bias(x, pos)
+    assert attn.eval().recomputes_bias(x, pos)
+    assert not tiny_model("alibi").blocks[0].attn.recomputes_bias(x, pos)  # nothing to train
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 1), (5, 5), (3, 7), (7, 3)])
+def test_toeplitz_and_diagonal_sums_vs_indexing(Tq, Tk):
+    vals = torch.randn(2, Tq + Tk - 1)
+    rel = relative_positions(torch.arange(Tq), torch.arange(Tk))  # j - i
+    torch.testing.assert_close(toeplitz(vals, Tq, Tk), vals[:, rel + Tq - 1])
+    x = torch.randn(2, Tq, Tk)
+    for r0 in range(Tq):  # rows r0.. of the Tq x Tk matrix, first c columns
+        for c in range(1, Tk + 1):
+            block = x[:, r0:, :c]
+            sums, start = diagonal_sums(block, r0, Tq, Tk)
+            full = torch.zeros(2, Tq + Tk - 1)
+            full[:, start : start + sums.shape[1]] = sums
+            ref = torch.zeros(2, Tq + Tk - 1).index_add_(1, (rel[r0:, :c] + Tq - 1).flatten(), block.flatten(1))
+            torch.testing.assert_close(full, ref)
+
+
+@pytest.mark.parametrize("name,causal", [m for m in MODES if m[0] in ("alibi", "t5_bias", "kerple", "fire", "tupe")])
+def test_position_bias_parts_sum_to_bias(name, causal):
+    """bias = bias_block + toeplitz(relative_bias) for contiguous positions."""
+    torch.manual_seed(5)
+    sch = build(name, causal, **({"untie_cls": True} if name == "tupe" else {}))
+    perturb(sch.parameters())
+    for pos in (torch.arange(9), torch.arange(9) + 4):
+        torch.testing.assert_close(sch.position_bias(pos), sch.bias(None, None, pos, pos), **TOL)
+
+
 
 
 @pytest.mark.parametrize("name", SCHEMES)

@@ -6,13 +6,135 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .encodings.base import PositionalScheme
+from .encodings.base import PositionalScheme, is_contiguous
 
 
 def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
     """(Tq, Tk) float mask: 0 where key position <= query position, -inf elsewhere."""
     allowed = k_pos[None, :] <= q_pos[:, None]
     return torch.zeros(allowed.shape, dtype=dtype, device=q_pos.device).masked_fill(~allowed, float("-inf"))
+
+
+#: elements of one (B, H, rows, keys) block in the recomputing backward (2 MiB in fp32)
+BLOCK_ELEMENTS = 2**19
+
+
+def _merge(acc: list[Tensor | None], new: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+    """acc + new elementwise (None = zero); new may cover a prefix of acc only."""
+    merged = [a if g is None else g if a is None else a + g for a, g in zip(acc, new)]
+    return merged + acc[len(new) :]
+
+
+def diagonal_sums(x: Tensor, r0: int, T: int, Tk: int) -> tuple[Tensor, int]:
+    """Sums of x (H, n, c) along its diagonals, for x the rows r0..r0+n-1 and the
+    first c columns of a T x Tk matrix: returns (sums, start) with sums[:, m]
+    the total of the entries with j - i = m + start - (T - 1). Each row is copied
+    into a buffer shifted one place per row, so diagonals become columns."""
+    H, n, c = x.shape
+    buf = x.new_zeros(H, n, c + n)
+    buf.as_strided((H, n, c), (n * (c + n), c + n - 1, 1), buf.storage_offset() + n - 1).copy_(x)
+    return buf.sum(1)[:, : c + n - 1], T - n - r0
+
+
+class _RecomputedBiasAttention(torch.autograd.Function):
+    """Attention with a bias that needs gradients: fused forward, memory-light backward.
+
+    ``F.scaled_dot_product_attention`` given a float mask that requires grad
+    leaves its fused CPU kernel for the unfused one, which keeps (B, H, T, T)
+    logits and probabilities per layer for the backward. Here the forward runs
+    the fused kernel on the detached mask (the bias plus the causal mask; a
+    position-only one built once per forward and shared by the layers, a
+    content one -- Transformer-XL, skew, fixed bidirectional, whose bias
+    depends on q and k -- built here and dropped), and the backward recomputes the
+    logits a block of query rows at a time, FlashAttention style (Dao et al.
+    2022, Algorithm 2 with the softmax normaliser recomputed): with
+    P = softmax(S), dV = P^T dY, dP = dY V^T, dS = P (dP - rowsum(dY Y)),
+    dQ = dS K scale, dK = dS^T Q scale. dS summed over the batch is the bias
+    gradient: its diagonal sums go to the scheme's ``relative_bias`` (evaluated
+    once, on the 2T - 1 distances), the blocks themselves to ``bias_block``,
+    and autograd carries both to the scheme's parameters. A content bias is
+    rebuilt block by block from the block's queries and the keys, and autograd
+    carries dS to q, k and the parameters. Nothing of size T^2 is kept between
+    forward and backward beyond a shared position-only mask. Positions are
+    contiguous (``Attention.recomputes_bias``), so with causal attention a block
+    of rows reads only the keys up to its last row. Checked against autograd
+    through the plain formula in ``tests/test_encodings.py``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, pos, scheme, causal, scale, *params):
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        content = not scheme.position_only_bias
+        # a content bias's mask is rebuilt in the backward: keep none
+        ctx.save_for_backward(q, k, v, mask if not content else None, pos, y, *params)
+        ctx.scheme, ctx.causal, ctx.scale, ctx.content = scheme, causal, scale, content
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, mask, pos, y, *params = ctx.saved_tensors
+        scheme, causal, scale = ctx.scheme, ctx.causal, ctx.scale
+        B, H, T, _ = q.shape
+        Tk = k.shape[-2]
+        dy = dy.contiguous()
+        delta = (dy * y).sum(-1, keepdim=True)  # rowsum(dY * Y) = rowsum(dP * P)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        parts, rel_vals = (), None
+        if not ctx.content:
+            with torch.enable_grad():
+                parts = scheme.bias_parts(pos, pos)
+                rel_vals = scheme.relative_bias(torch.arange(1 - T, Tk, device=pos.device))
+        leaves = tuple(p.detach().requires_grad_() for p in parts)
+        wrt = [*params, *leaves]
+        grads: list[Tensor | None] = [None] * len(wrt)
+        d_rel = None if rel_vals is None else torch.zeros_like(rel_vals)
+        rows = max(1, BLOCK_ELEMENTS // (B * H * Tk))
+        for r0 in range(0, T, rows):
+            r1 = min(T, r0 + rows)
+            c1 = r1 if causal else Tk  # later keys are masked
+            qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]
+            if ctx.content:
+                mb = scheme.bias(qb, kb, pos[r0:r1], pos[:c1])
+                if causal:
+                    mb = mb + causal_mask(pos[r0:r1], pos[:c1], mb.dtype)
+            else:
+                mb = mask[..., r0:r1, :c1]
+            p = torch.baddbmm(
+                mb.expand(B, H, r1 - r0, c1).reshape(B * H, r1 - r0, c1),
+                qb.reshape(B * H, r1 - r0, -1),
+                kb.reshape(B * H, c1, -1).transpose(1, 2),
+                alpha=scale,
+            ).softmax(-1).view(B, H, r1 - r0, c1)
+            dv[..., :c1, :] += p.transpose(-1, -2) @ dyb
+            ds = p.mul_(dyb @ vb.transpose(-1, -2) - delta[..., r0:r1, :])  # dS, in place of P
+            dq[..., r0:r1, :] = (ds @ kb) * scale
+            dk[..., :c1, :] += (ds.transpose(-1, -2) @ qb) * scale
+            if ctx.content:  # the bias depends on q and k: rebuild the block from them
+                with torch.enable_grad():
+                    q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
+                    b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
+                g = torch.autograd.grad(b, [q_, k_, *params], ds if b.shape[0] == B else ds.sum(0, keepdim=True), allow_unused=True)
+                dq[..., r0:r1, :] += g[0] if g[0] is not None else 0
+                if g[1] is not None:
+                    dk[..., :c1, :] += g[1]
+                grads = _merge(grads, g[2:])
+                continue
+            if not params:
+                continue
+            db = ds.sum(0)  # (H, rows, c1): the bias is shared by the batch
+            if d_rel is not None:
+                sums, start = diagonal_sums(db, r0, T, Tk)
+                d_rel[:, start : start + sums.shape[1]] += sums
+            with torch.enable_grad():
+                b = scheme.bias_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
+            if b is not None:
+                grads = _merge(grads, torch.autograd.grad(b, wrt, db[None], allow_unused=True))
+        if d_rel is not None and params:
+            grads = _merge(grads, torch.autograd.grad(rel_vals, params, d_rel, allow_unused=True))
+        if leaves and params:
+            part_grads = [torch.zeros_like(p) if g is None else g for p, g in zip(parts, grads[len(params) :])]
+            grads = _merge(grads, torch.autograd.grad(parts, params, part_grads, allow_unused=True))
+        return (dq, dk, dv, None, None, None, None, None, *grads[: len(params)])
 
 
 class Attention(nn.Module):
@@ -45,10 +167,31 @@ class Attention(nn.Module):
         b = self.scheme.bias(q, k, q_pos, k_pos)
         return att if b is None else att + b
 
-    def position_mask(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
-        """Float attention mask of a position-only bias scheme, causal mask included."""
-        mask = self.scheme.bias(None, None, pos, pos).to(dtype)
-        return mask + causal_mask(pos, pos, dtype) if self.causal else mask
+    def recomputes_bias(self, x: Tensor, pos: Tensor) -> bool:
+        """Whether this call takes ``_RecomputedBiasAttention``: a bias without a
+        value term (position-only ones only with trainable parameters: a fixed
+        one keeps the fused kernel in the backward too), contiguous positions,
+        on CPU (CUDA's fused kernels take a mask that requires grad themselves),
+        gradients on, no attention dropout."""
+        sch = self.scheme
+        return (
+            sch.has_bias
+            and not sch.uses_value_term
+            and x.device.type == "cpu"
+            and torch.is_grad_enabled()
+            and not (self.training and self.dropout > 0)
+            and (not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
+            and is_contiguous(pos)
+        )
+
+    def position_mask(self, pos: Tensor, dtype: torch.dtype, x: Tensor | None = None) -> Tensor:
+        """Float attention mask of a position-only bias scheme, causal mask included.
+
+        Built without a graph when the call with input ``x`` recomputes the bias
+        in its backward."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not (x is not None and self.recomputes_bias(x, pos))):
+            mask = self.scheme.position_bias(pos).to(dtype)
+            return mask + causal_mask(pos, pos, dtype) if self.causal else mask
 
     def forward(self, h: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
         """h (B, T, D) at positions pos (T,). ``mask``: a precomputed ``position_mask``
@@ -58,12 +201,18 @@ class Attention(nn.Module):
         sch = self.scheme
         drop = self.dropout if self.training else 0.0
         if mask is None and sch.position_only_bias:
-            mask = self.position_mask(pos, q.dtype)
+            mask = self.position_mask(pos, q.dtype, h)
         if mask is not None:
             q, k = sch.rotate(q, k, pos, pos)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask.to(q.dtype), dropout_p=drop, scale=sch.logit_scale()
-            )
+            if self.recomputes_bias(h, pos):
+                params = [p for p in sch.parameters() if p.requires_grad]
+                y = _RecomputedBiasAttention.apply(
+                    q, k, v, mask.detach().to(q.dtype), pos, sch, self.causal, sch.logit_scale(), *params
+                )
+            else:
+                y = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask.to(q.dtype), dropout_p=drop, scale=sch.logit_scale()
+                )
         elif sch.uses_value_term:
             att = self.logits(q, k, pos, pos)
             if self.causal:
@@ -72,6 +221,14 @@ class Attention(nn.Module):
             y = probs @ v + sch.value_term(probs, pos, pos)
         else:
             q, k = sch.rotate(q, k, pos, pos)
+            if self.recomputes_bias(h, pos):  # a content bias: the mask is built without a graph
+                with torch.no_grad():
+                    mask = sch.bias(q, k, pos, pos).to(q.dtype)
+                    if self.causal:
+                        mask = mask + causal_mask(pos, pos, q.dtype)
+                params = [p for p in sch.parameters() if p.requires_grad]
+                y = _RecomputedBiasAttention.apply(q, k, v, mask, pos, sch, self.causal, sch.logit_scale(), *params)
+                return self.out(y.transpose(1, 2).reshape(B, T, D))
             b = sch.bias(q, k, pos, pos)
             if b is None:
                 y = F.scaled_dot_product_attention(

@@ -122,7 +122,7 @@ class Transformer(nn.Module):
             if attn.scheme.position_only_bias:
                 key = id(attn.scheme)
                 if key not in masks:
-                    masks[key] = attn.position_mask(pos, x.dtype)
+                    masks[key] = attn.position_mask(pos, x.dtype, x)
                 mask = masks[key]
             x = block(x, pos, mask)
         return self.ln_f(x) @ self.tok.weight.T

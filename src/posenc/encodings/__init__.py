@@ -1,7 +1,7 @@
 """Positional-encoding schemes behind one interface (see ``base``)."""
 
 from .absolute import Learned, NoPE, Sinusoidal, sinusoid, sinusoidal_table
-from .base import TERM_NAMES, PositionalScheme, relative_positions
+from .base import TERM_NAMES, PositionalScheme, is_contiguous, relative_positions, toeplitz
 from .bias import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_relative_bucket
 from .cape import CAPE
 from .relative import (
@@ -39,6 +39,7 @@ __all__ = [
     "XPos",
     "aligned_positions",
     "alibi_slopes",
+    "is_contiguous",
     "relative_logits",
     "relative_positions",
     "relative_shift",
@@ -49,4 +50,5 @@ __all__ = [
     "sinusoidal_table",
     "skew",
     "t5_relative_bucket",
+    "toeplitz",
 ]

@@ -89,6 +89,43 @@ class PositionalScheme(nn.Module):
         """Added to the attention output, from probabilities (B, H, Tq, Tk)."""
         raise NotImplementedError
 
+    # A position-only bias is also available in two parts, which attention's
+    # memory-light backward (``posenc.attention``) uses for contiguous positions:
+    #   bias = bias_block(...) + toeplitz(relative_bias(j - i)),
+    # a part that depends on j - i alone (``relative_bias``, evaluated on the
+    # 2T - 1 distinct distances; None if there is none) and the rest
+    # (``bias_block``, built a block of query rows at a time from
+    # ``bias_parts``, what every block shares; None if there is none). The
+    # defaults put everything in ``bias_block``.
+    def relative_bias(self, rel: Tensor) -> Tensor | None:
+        """The part of a position-only bias that depends on j - i alone: (H, R)
+        for relative positions ``rel`` (R,), or None."""
+        return None
+
+    def bias_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
+        """Tensors shared by every block of ``bias_block``."""
+        return ()
+
+    def bias_block(
+        self, parts: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor, rows: slice, cols: slice
+    ) -> Tensor | None:
+        """The part of the bias outside ``relative_bias`` for query rows ``rows`` and
+        key columns ``cols``, (1, H, rows, cols), or None."""
+        return self.bias(None, None, q_pos[rows], k_pos[cols])
+
+    def position_bias(self, pos: Tensor) -> Tensor:
+        """``bias(None, None, pos, pos)`` of a position-only scheme, built from the
+        two parts when ``pos`` is contiguous (the relative part on 2T - 1 distances)."""
+        if not is_contiguous(pos):
+            return self.bias(None, None, pos, pos)
+        T, every = pos.shape[0], slice(None)
+        b = self.bias_block(self.bias_parts(pos, pos), pos, pos, every, every)
+        vals = self.relative_bias(torch.arange(1 - T, T, device=pos.device))
+        if vals is not None:
+            rel = toeplitz(vals, T, T)[None]
+            b = rel if b is None else b + rel
+        return b
+
     def logit_scale(self) -> float:
         """Factor on the content product q.k (1/sqrt(head_dim) by default)."""
         return 1.0 / math.sqrt(self.head_dim)
@@ -142,6 +179,21 @@ class PositionalScheme(nn.Module):
 def check_positions(pos: Tensor) -> None:
     if pos.dim() != 1 or pos.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
+
+
+def is_contiguous(pos: Tensor) -> bool:
+    """Whether positions are consecutive integers (pos[i] = pos[0] + i)."""
+    return pos.numel() < 2 or bool((pos[1:] - pos[:-1] == 1).all())
+
+
+def toeplitz(vals: Tensor, Tq: int, Tk: int) -> Tensor:
+    """(..., Tq, Tk) matrix with [i, j] = vals[..., j - i + Tq - 1], from vals (..., Tq + Tk - 1)
+    indexed by the relative position j - i from -(Tq - 1) to Tk - 1 (one copy, no gather).
+    Checked against indexing with ``relative_positions`` in the tests."""
+    if vals.shape[-1] != Tq + Tk - 1:
+        raise ValueError(f"toeplitz needs {Tq + Tk - 1} values for {Tq}x{Tk}, got {vals.shape[-1]}")
+    # window w of length Tk starts at vals[w]; row i is window Tq - 1 - i
+    return vals.unfold(-1, Tk, 1).flip(-2)
 
 
 def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -62,6 +62,12 @@ def t5_relative_bucket(
     return ret + torch.where(is_small, n, large)
 
 
+def relative_to_dense(scheme: PositionalScheme, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """(1, H, Tq, Tk) bias of a scheme whose bias is ``relative_bias`` alone, at any positions."""
+    rel = relative_positions(q_pos, k_pos)
+    return scheme.relative_bias(rel.flatten()).view(-1, *rel.shape)[None]
+
+
 class ALiBi(PositionalScheme):
     """Attention with linear biases (Press et al. 2022): -slope_h * |i - j|.
 
@@ -75,9 +81,14 @@ class ALiBi(PositionalScheme):
         super().__init__(**kw)
         self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
 
+    def relative_bias(self, rel):
+        return -self.slopes[:, None] * rel.abs().to(self.slopes.dtype)  # (H, R)
+
     def bias(self, q, k, q_pos, k_pos):
-        dist = relative_positions(q_pos, k_pos).abs().to(self.slopes.dtype)  # (Tq, Tk)
-        return (-self.slopes[:, None, None] * dist)[None]  # (1, H, Tq, Tk)
+        return relative_to_dense(self, q_pos, k_pos)
+
+    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+        return None
 
 
 class T5Bias(PositionalScheme):
@@ -95,11 +106,14 @@ class T5Bias(PositionalScheme):
         self.table = nn.Embedding(num_buckets, self.n_heads)
         nn.init.zeros_(self.table.weight)
 
+    def relative_bias(self, rel):
+        return self.table(t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)).T
+
     def bias(self, q, k, q_pos, k_pos):
-        buckets = t5_relative_bucket(
-            relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
-        )
-        return self.table(buckets).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+        return relative_to_dense(self, q_pos, k_pos)
+
+    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+        return None
 
 
 class Kerple(PositionalScheme):
@@ -143,10 +157,15 @@ class Kerple(PositionalScheme):
     def r2(self) -> Tensor:
         return nn.functional.softplus(self.raw_r2)
 
+    def relative_bias(self, rel):
+        dist = rel.abs().to(self.raw_r1.dtype)
+        return -self.r1[:, None] * torch.log1p(self.r2[:, None] * dist)  # (H, R)
+
     def bias(self, q, k, q_pos, k_pos):
-        dist = relative_positions(q_pos, k_pos).abs().to(self.raw_r1.dtype)  # (Tq, Tk)
-        b = -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * dist)
-        return b[None]  # (1, H, Tq, Tk)
+        return relative_to_dense(self, q_pos, k_pos)
+
+    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+        return None
 
 
 class FIRE(PositionalScheme):

@@ -33,36 +33,38 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .absolute import sinusoid
-from .base import PositionalScheme, relative_positions
+from .base import PositionalScheme, is_contiguous, relative_positions
 
 # ----------------------------------------------------------------- index tricks
 
 
-def skew(rel_logits: Tensor) -> Tensor:
-    """Music Transformer skew: (…, T, 2T-1) relative logits -> (…, T, T) logits.
+def skew(rel_logits: Tensor, Tk: int | None = None) -> Tensor:
+    """Music Transformer skew: (…, Tq, Tq+Tk-1) relative logits -> (…, Tq, Tk) logits.
 
-    Column r of ``rel_logits`` holds relative distance j - i = r - (T - 1)
-    (column 0: the key T-1 steps before the query, column T-1: the query
-    itself, column 2T-2: the key T-1 steps after it). The result satisfies
-    ``out[..., i, j] == rel_logits[..., i, j - i + T - 1]`` for every i, j.
+    Column m of ``rel_logits`` holds relative distance j - i = m - (Tq - 1)
+    (column 0: the key Tq-1 steps before the query, column Tq-1: the query
+    itself, the last column: Tk-1 steps after it). The result satisfies
+    ``out[..., i, j] == rel_logits[..., i, j - i + Tq - 1]`` for every i, j.
+    ``Tk`` defaults to Tq (the square case, width 2T-1).
 
-    Only pad / reshape / slice: append one zero column (row length 2T), flatten,
-    drop the first T-1 entries so that reading rows of length 2T-1 moves one
-    column left per row, and keep the first T columns. The padded zeros never
-    reach the output. Memory is O(T^2) per head, never O(T^2·D): callers form
-    ``rel_logits`` as q @ E^T with E the (2T-1, D) distance table.
+    Only pad / reshape / slice: append one zero column (row length Tq+Tk),
+    flatten, drop the first Tq-1 entries so that reading rows of length
+    Tq+Tk-1 moves one column left per row, and keep the first Tk columns. The
+    padded zeros never reach the output. Memory is O(Tq·Tk) per head, never
+    O(T^2·D): callers form ``rel_logits`` as q @ E^T with E the distance table.
 
     Huang et al. 2018 ("Music Transformer", section 3.4.1) skew only the causal
     half, (T, T) -> (T, T); this is the same trick for both time directions.
-    Checked against a direct gather ``rel_logits[i, j - i + T - 1]`` in the tests.
+    Checked against a direct gather ``rel_logits[i, j - i + Tq - 1]`` in the tests.
     """
-    *lead, T, W = rel_logits.shape
-    if W != 2 * T - 1:
-        raise ValueError(f"skew expects (..., T, 2T-1) relative logits, got (..., {T}, {W})")
-    x = F.pad(rel_logits, (0, 1))  # (..., T, 2T)
-    x = x.reshape(*lead, T * 2 * T)
-    x = x[..., T - 1 : T - 1 + T * (2 * T - 1)]  # drop T-1 in front, 1 at the end
-    return x.reshape(*lead, T, 2 * T - 1)[..., :T]
+    *lead, Tq, W = rel_logits.shape
+    Tk = Tq if Tk is None else Tk
+    if W != Tq + Tk - 1:
+        raise ValueError(f"skew expects (..., Tq, Tq+Tk-1) relative logits (2T-1 when square), got (..., {Tq}, {W})")
+    x = F.pad(rel_logits, (0, 1))  # (..., Tq, W+1)
+    x = x.reshape(*lead, Tq * (W + 1))
+    x = x[..., Tq - 1 : Tq - 1 + Tq * W]  # drop Tq-1 in front
+    return x.reshape(*lead, Tq, W)[..., :Tk]
 
 
 def relative_shift(x: Tensor) -> Tensor:
@@ -292,10 +294,10 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
     def bias(self, q, k, q_pos, k_pos):
         Tq, Tk = q_pos.shape[0], k_pos.shape[0]
         s = self.logit_scale()
-        if Tq == Tk and aligned_positions(q_pos, k_pos):
-            T = Tq
-            table = self._table(torch.arange(-(T - 1), T, device=q.device)).to(q.dtype)  # (2T-1, Dh)
-            return skew(q @ table.T) * s  # (B, H, T, 2T-1) -> (B, H, T, T)
+        if is_contiguous(q_pos) and is_contiguous(k_pos):  # j - i from k0 - (q0 + Tq - 1) to k0 + Tk - 1 - q0
+            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)
+            table = self._table(torch.arange(lo, lo + Tq + Tk - 1, device=q.device)).to(q.dtype)
+            return skew(q @ table.T, Tk) * s  # (B, H, Tq, Tq+Tk-1) -> (B, H, Tq, Tk)
         # relative_logits uses i - j; the table is indexed by j - i
         return relative_logits(q, lambda d: self._table(-d), q_pos, k_pos, causal=False) * s
 

@@ -84,30 +84,36 @@ class TUPE(PositionalScheme):
         p = self.table[pos]  # (T, D)
         return lin(p).view(pos.shape[0], self.n_heads, self.head_dim).transpose(0, 1)  # (H, T, Dh)
 
-    def positional_correlation(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """(H, Tq, Tk): (p_i U^Q)(p_j U^K)^T / sqrt(2d), reset for [CLS] if untied."""
+    def bias_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
+        """Projected position tables p_i U^Q and p_j U^K, (H, T, Dh) each."""
         lo = int(torch.minimum(q_pos.min(), k_pos.min()))
         self.check_length(int(torch.maximum(q_pos.max(), k_pos.max())) + 1)
         if lo < 0:
             raise ValueError("encoding=tupe got a negative position")
-        corr = self._project(self.u_q, q_pos) @ self._project(self.u_k, k_pos).transpose(-1, -2)
-        corr = corr * self.logit_scale()
-        if self.theta is not None:
+        return self._project(self.u_q, q_pos), self._project(self.u_k, k_pos)
+
+    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+        pq, pk = parts
+        qp, kp = q_pos[rows], k_pos[cols]
+        corr = pq[:, rows] @ pk[:, cols].transpose(-1, -2) * self.logit_scale()
+        if self.theta is not None:  # untie [CLS]
             theta = self.theta.to(corr.dtype)
-            cls_row = (q_pos == 0)[None, :, None]  # [CLS] as the query
-            cls_col = (k_pos == 0)[None, None, :]  # [CLS] as the key
-            corr = torch.where(cls_col, theta[1][:, None, None], corr)
-            corr = torch.where(cls_row, theta[0][:, None, None], corr)
-        return corr
+            corr = torch.where((kp == 0)[None, None, :], theta[1][:, None, None], corr)  # [CLS] as the key
+            corr = torch.where((qp == 0)[None, :, None], theta[0][:, None, None], corr)  # [CLS] as the query
+        return corr[None]  # (1, H, rows, cols), without the relative bias
+
+    def relative_bias(self, rel):
+        if self.rel is None:
+            return None
+        return self.rel(t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)).T  # (H, R)
 
     def bias(self, q, k, q_pos, k_pos):
-        b = self.positional_correlation(q_pos, k_pos)  # (H, Tq, Tk)
+        every = slice(None)
+        b = self.bias_block(self.bias_parts(q_pos, k_pos), q_pos, k_pos, every, every)
         if self.rel is not None:
-            buckets = t5_relative_bucket(
-                relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
-            )
-            b = b + self.rel(buckets).permute(2, 0, 1)
-        return b[None]  # (1, H, Tq, Tk)
+            rel = relative_positions(q_pos, k_pos)
+            b = b + self.relative_bias(rel.flatten()).view(-1, *rel.shape)
+        return b
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", untie_cls={self.untie_cls}, relative_bias={self.rel is not None}"
