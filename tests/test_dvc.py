@@ -23,7 +23,7 @@ REDUCED = {
     "lm": {
         "train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
         "runs": {f"{s}-s0": {"scheme": s, "seed": 0, "overrides": "model.d_model=32 model.n_heads=2"}
-                 for s in ("none", "rope", "alibi")},
+                 for s in ("none", "rope", "xpos")},
     },
     "mlm": {
         "seq_len": 32, "steps": 20, "batch_size": 8, "heatmap_seed": 0,
@@ -68,7 +68,10 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
         assert (tmp_path / f).stat().st_size > 0, f
     rows = (tmp_path / "results/extrapolation.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * 3  # header + schemes x lengths
-    assert len(list((tmp_path / "figures/correlations").glob("*.png"))) >= 4  # 3 schemes + overview
+    # 3 masked-LM schemes, xpos (causal only) from its LM run, and the overview
+    assert len(list((tmp_path / "figures/correlations").glob("*.png"))) >= 5
+    labels = {v["label"] for v in json.loads((tmp_path / "results/correlations.json").read_text())["models"]}
+    assert labels == {"none (mlm)", "rope (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
     assert list((tmp_path / "figures/pretrained").glob("*.png"))
     table = json.loads((tmp_path / "results/mlm_table.json").read_text())
     assert set(table["summary"]) == {"none", "rope", "alibi"}
