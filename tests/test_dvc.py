@@ -31,6 +31,7 @@ REDUCED = {
                  for s in ("none", "rope", "alibi")},
     },
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
+    "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
 }
 
 
@@ -64,7 +65,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert prepared["source"] == "local" and prepared["root"] == str(data_root.resolve())
     for f in ["figures/extrapolation.png", "figures/extrapolation.svg", "figures/mlm_table.md",
               "results/extrapolation.csv", "results/mlm_table.json", "results/correlations.json",
-              "results/pretrained_minilm.json"]:
+              "results/pretrained_minilm.json", "figures/bench/bench.json", "figures/bench/bench.png"]:
         assert (tmp_path / f).stat().st_size > 0, f
     rows = (tmp_path / "results/extrapolation.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * 3  # header + schemes x lengths
