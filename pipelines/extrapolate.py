@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", default="validation", choices=["validation", "test", "train"])
     p.add_argument("--token-budget", type=int, default=ev.DEFAULT_TOKEN_BUDGET,
                    help="batch * length stays under this many tokens")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default: cuda when present)")
     p.add_argument("--which", choices=["last", "best"], default="last", help="checkpoint of a run folder / run id")
     p.add_argument("--data-dir", help="replace the corpus folder recorded in the checkpoint")
     p.add_argument("--cache-dir", help="replace the tokenizer/token cache recorded in the checkpoint")
