@@ -71,7 +71,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert len(rows) == 1 + 3 * 3  # header + schemes x lengths
     # 3 masked-LM schemes, xpos (causal only) from its LM run, and the overview
     assert len(list((tmp_path / "figures/correlations").glob("*.png"))) >= 5
-    labels = {v["label"] for v in json.loads((tmp_path / "results/correlations.json").read_text())["models"]}
+    labels = {v["label"] for v in json.loads((tmp_path / "results/correlations.json").read_text())["models"].values()}
     assert labels == {"none (mlm)", "rope (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
     assert list((tmp_path / "figures/pretrained").glob("*.png"))
     table = json.loads((tmp_path / "results/mlm_table.json").read_text())
