@@ -93,8 +93,11 @@ class _RecomputedBiasAttention(torch.autograd.Function):
             r1 = min(T, r0 + rows)
             c1 = r1 if causal else Tk  # later keys are masked
             qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]
-            if ctx.content:
-                mb = scheme.bias(qb, kb, pos[r0:r1], pos[:c1])
+            if ctx.content:  # the bias depends on q and k: rebuild the block once, with its graph
+                with torch.enable_grad():
+                    q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
+                    b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
+                mb = b.detach()
                 if causal:
                     mb = mb + causal_mask(pos[r0:r1], pos[:c1], mb.dtype)
             else:
@@ -109,10 +112,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
             ds = p.mul_(dyb @ vb.transpose(-1, -2) - delta[..., r0:r1, :])  # dS, in place of P
             dq[..., r0:r1, :] = (ds @ kb) * scale
             dk[..., :c1, :] += (ds.transpose(-1, -2) @ qb) * scale
-            if ctx.content:  # the bias depends on q and k: rebuild the block from them
-                with torch.enable_grad():
-                    q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
-                    b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
+            if ctx.content:
                 g = torch.autograd.grad(b, [q_, k_, *params], ds if b.shape[0] == B else ds.sum(0, keepdim=True), allow_unused=True)
                 dq[..., r0:r1, :] += g[0] if g[0] is not None else 0
                 if g[1] is not None:
