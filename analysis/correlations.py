@@ -72,6 +72,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings.base import TERM_NAMES
+from posenc.evaluate import portable_path
 
 DEFAULT_BAND_WIDTH = 2
 CMAP = "RdBu_r"
@@ -297,16 +298,15 @@ class TermAccumulator:
 
 # ------------------------------------------------------------------ our checkpoints
 def load_checkpoint(path: str | os.PathLike):
-    """(Transformer in eval mode, resolved run config) from a Lightning checkpoint."""
+    """(Transformer in eval mode, resolved run config) from a Lightning checkpoint,
+    loaded like every posenc checkpoint (``posenc.evaluate.load_module``: weights only)."""
     from omegaconf import OmegaConf
 
-    from posenc.module import LMModule
+    from posenc.evaluate import load_module
 
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
-    module = LMModule.load_from_checkpoint(str(path), map_location="cpu")
-    module.eval()
+    module = load_module(path)
     return module.model, OmegaConf.create(module.hparams["cfg"])
 
 
@@ -390,8 +390,9 @@ def checkpoint_term_maps(
     label = f"{cfg.encoding.name} ({cfg.task.name})"
     meta = {
         "run_name": str(cfg.run_name),
-        "checkpoint": str(Path(path).resolve()),
+        "checkpoint": portable_path(path),
         "encoding": str(cfg.encoding.name),
+        "seed": int(cfg.seed),
         "task": str(cfg.task.name),
         "data": str(cfg.data.corpus.name),
     }
@@ -640,6 +641,24 @@ def print_table(summaries: dict[str, dict], file=None) -> None:
             )
 
 
+def seed_spread(summaries: dict[str, dict]) -> dict[str, dict]:
+    """Per model label ("rope (mlm)"): each present term's band score over the
+    seeds of that scheme and task, as mean, sample sd (0 for one seed), n and values."""
+    groups: dict[str, list[dict]] = {}
+    for s in summaries.values():
+        groups.setdefault(s["label"], []).append(s)
+    out = {}
+    for label, runs in sorted(groups.items()):
+        terms = {}
+        for t in TERM_NAMES:
+            vals = [r["terms"][t]["band_score"] for r in runs if r["terms"][t].get("present")]
+            if vals:
+                sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+                terms[t] = {"band_mean": float(np.mean(vals)), "band_sd": sd, "n": len(vals), "values": vals}
+        out[label] = {"seeds": sorted(r.get("seed") for r in runs), "terms": terms}
+    return out
+
+
 def run(
     ckpts: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike = "figures/correlations",
@@ -652,8 +671,15 @@ def run(
     cache_dir: str | os.PathLike | None = None,
     seed: int = 0,
     heads: bool = True,
+    draw_seed: int | None = None,
 ) -> dict[str, Any]:
-    """Figures and JSON for every checkpoint; returns the JSON object."""
+    """Figures and JSON for every checkpoint; returns the JSON object.
+
+    Every checkpoint is summarised; with ``draw_seed`` only the runs trained
+    with that seed are drawn (one figure per scheme), and ``schemes`` in the
+    JSON gives each term's band score as mean, sample sd and values over the
+    seeds of every scheme.
+    """
     if not ckpts:
         raise ValueError("give at least one checkpoint")
     out_dir = Path(out_dir)
@@ -662,13 +688,14 @@ def run(
     for ckpt in ckpts:
         maps = checkpoint_term_maps(ckpt, n_batches, length, batch_size, data_dir, cache_dir, seed)
         stem = _stem(maps.meta.get("run_name", maps.label), taken)
-        figs = plot_terms(maps, out_dir / stem, band_width)
-        if heads:
-            figs += plot_heads(maps, out_dir / f"{stem}_heads", band_width)
         summary = maps.summary(band_width)
-        summary["figures"] = [str(p) for p in figs]
+        if draw_seed is None or maps.meta.get("seed") == draw_seed:
+            figs = plot_terms(maps, out_dir / stem, band_width)
+            if heads:
+                figs += plot_heads(maps, out_dir / f"{stem}_heads", band_width)
+            summary["figures"] = [str(p) for p in figs]
+            all_maps.append(maps)
         summaries[stem] = summary
-        all_maps.append(maps)
     overview = plot_overview(all_maps, out_dir / "overview", band_width)
     result = {
         "figure": "Ke, He & Liu 2020, Figure 2: first-layer logits split into word/position terms",
@@ -676,6 +703,7 @@ def run(
         "band_width": band_width,
         "seed": seed,
         "overview": [str(p) for p in overview],
+        "schemes": seed_spread(summaries),
         "models": summaries,
     }
     write_json(json_path, result)
@@ -695,6 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None, help="tokenizer cache (default: the run's paths.cache_dir)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-heads", action="store_true", help="skip the per-head figures")
+    p.add_argument("--draw-seed", type=int, default=None,
+                   help="draw only the runs trained with this seed (all are summarised)")
     a = p.parse_args(argv)
     if a.batches < 1:
         p.error("--batches must be at least 1")
@@ -713,6 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.cache_dir,
             a.seed,
             heads=not a.no_heads,
+            draw_seed=a.draw_seed,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

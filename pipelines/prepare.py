@@ -11,8 +11,11 @@ it saw.
 from __future__ import annotations
 
 import argparse
+import os
 
 from hydra.utils import instantiate
+
+from posenc.evaluate import portable_path
 
 from .common import compose_config, write_json
 
@@ -30,9 +33,10 @@ def main(argv: list[str] | None = None) -> dict:
     record = {
         "corpus": cfg.data.corpus.name,
         "source": meta["source"],
-        "root": meta.get("root"),
+        # relative to the project: no absolute path of this machine in a committed file
+        "root": os.path.relpath(meta["root"]) if meta.get("root") else None,
         "hub": cfg.data.corpus.hub if meta["source"] == "hub" else None,
-        "cache": str(dm.prepared.directory),
+        "cache": portable_path(dm.prepared.directory),
         "vocab_size": meta["vocab_size_actual"],
         "tokens": meta["tokens"],
         "tokens_sha256": meta["tokens_sha256"],

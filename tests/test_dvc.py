@@ -16,20 +16,19 @@ import yaml
 from .conftest import REPO
 
 REDUCED = {
-    "data": "wikitext2",
-    "vocab_size": 1024,
-    "model": "tiny",
+    "data": "tinyshakespeare",
+    "vocab_size": 260,
+    "model": "micro",
     "trainer": "cpu",
-    "lm": {
-        "train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
-        "runs": {f"{s}-s0": {"scheme": s, "seed": 0, "overrides": "model.d_model=32 model.n_heads=2"}
-                 for s in ("none", "rope", "xpos")},
-    },
-    "mlm": {
-        "seq_len": 32, "steps": 20, "batch_size": 8, "heatmap_seed": 0,
-        "runs": {f"{s}-s0": {"scheme": s, "seed": 0, "overrides": "model.d_model=32 model.n_heads=2"}
-                 for s in ("none", "rope", "alibi")},
-    },
+    "seeds": "0 1",
+    "workers": 2,
+    "threads": 1,
+    "common": "model.d_model=32 model.n_heads=2",
+    "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024},
+    "mlm": {"seq_len": 16, "steps": 20, "batch_size": 8},
+    "schemes": {"none": {"tasks": "lm mlm", "overrides": ""}, "alibi": {"tasks": "lm mlm", "overrides": ""},
+                "xpos": {"tasks": "lm", "overrides": ""}},
+    "mlm_table": {"question": "alibi", "against": "none"},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
 }
@@ -62,20 +61,34 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
 
     prepared = json.loads((tmp_path / "results/prepare.json").read_text())
-    assert prepared["source"] == "local" and prepared["root"] == str(data_root.resolve())
-    for f in ["figures/extrapolation.png", "figures/extrapolation.svg", "figures/mlm_table.md",
-              "results/extrapolation.csv", "results/mlm_table.json", "results/correlations.json",
-              "results/pretrained_minilm.json", "figures/bench/bench.json", "figures/bench/bench.png"]:
+    assert prepared["source"] == "local" and prepared["root"] == os.path.relpath(data_root.resolve(), tmp_path)
+    for f in ["figures/extrapolation.png", "figures/extrapolation.svg", "figures/mlm_table.md", "figures/lm_table.md",
+              "results/extrapolation.csv", "results/mlm_table.json", "results/lm_table.json", "results/timing.json",
+              "results/correlations.json", "results/pretrained_minilm.json", "figures/bench/bench.json",
+              "figures/bench/bench.png"]:
         assert (tmp_path / f).stat().st_size > 0, f
     rows = (tmp_path / "results/extrapolation.csv").read_text().splitlines()
-    assert len(rows) == 1 + 3 * 3  # header + schemes x lengths
-    # 3 masked-LM schemes, xpos (causal only) from its LM run, and the overview
-    assert len(list((tmp_path / "figures/correlations").glob("*.png"))) >= 5
-    labels = {v["label"] for v in json.loads((tmp_path / "results/correlations.json").read_text())["models"].values()}
-    assert labels == {"none (mlm)", "rope (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
+    assert len(rows) == 1 + 3 * 2 * 3  # header + schemes x seeds x lengths
+    # masked-LM runs of none and alibi, xpos (causal only) from its LM run, per seed; seed 0 drawn
+    corr = json.loads((tmp_path / "results/correlations.json").read_text())
+    labels = {v["label"] for v in corr["models"].values()}
+    assert labels == {"none (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
+    assert len(corr["models"]) == 6
+    assert corr["schemes"]["alibi (mlm)"]["terms"]["position-position"]["n"] == 2
+    assert {p.name for p in (tmp_path / "figures/correlations").glob("*.png")} == {
+        f"{s}-s0{h}.png" for s in ("none-mlm", "alibi-mlm", "xpos-lm") for h in ("", "_heads")} | {"overview.png"}
     assert list((tmp_path / "figures/pretrained").glob("*.png"))
     table = json.loads((tmp_path / "results/mlm_table.json").read_text())
-    assert set(table["summary"]) == {"none", "rope", "alibi"}
+    assert set(table["summary"]) == {"none", "alibi"} and table["summary"]["alibi"]["n"] == 2
+    assert set(table["tests"]) == {"none"}
+    lm = json.loads((tmp_path / "results/lm_table.json").read_text())
+    assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
+    timing = json.loads((tmp_path / "results/timing.json").read_text())
+    assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2
+    # committed results name no absolute path of the machine that made them
+    for f in ("results/prepare.json", "results/correlations.json", "results/extrapolation.csv",
+              "results/runs/alibi.json", "results/pretrained_minilm.json"):
+        assert str(tmp_path) not in (tmp_path / f).read_text(), f
 
     second = _dvc(tmp_path, "repro")
     assert second.returncode == 0, second.stderr[-3000:]

@@ -22,7 +22,7 @@ def runs_of(root, experiment="posenc"):
 
 def test_default_config_trains_and_logs(make_cfg, tmp_path):
     cfg = make_cfg("trainer.max_steps=50", "trainer.val_check_interval=25", "log_checkpoint=true")
-    assert cfg.encoding.name == "rope" and cfg.data.corpus.name == "wikitext2"
+    assert cfg.encoding.name == "rope" and cfg.data.corpus.name == "tinyshakespeare"
     metrics = train(cfg)
     assert metrics["global_step"] == 50
     assert torch.isfinite(torch.tensor(metrics["val/loss"]))

@@ -374,6 +374,17 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
+def portable_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory (the project root for every stage)
+    when it lies below it, else as given: results files then hold no absolute path
+    of the machine that made them."""
+    p = Path(path).expanduser().absolute()
+    try:
+        return p.relative_to(Path.cwd().absolute()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
@@ -491,7 +502,7 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
         "corpus": cfg["data"]["corpus"]["name"],
         "split": s.split,
         "run_id": res.run_id,
-        "checkpoint": str(res.path),
+        "checkpoint": portable_path(res.path),
         **s.extra,
     }
     rows = [{**base, **r} for r in rows]

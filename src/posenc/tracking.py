@@ -73,10 +73,25 @@ class CreateExperimentBeforeSweep(Callback):
 
 
 def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
-    """Create the experiment if needed (do this before a parallel sweep); returns its id."""
+    """Create the experiment if needed; returns its id.
+
+    Processes that start at the same time on a new SQLite store would race to
+    create its schema ("duplicate column name"): for an ``sqlite:`` URI the
+    first use is serialised by a lock file beside the database.
+    """
     import mlflow
 
-    client = mlflow.MlflowClient(tracking_uri)
+    if tracking_uri.startswith("sqlite:///"):
+        from filelock import FileLock
+
+        with FileLock(tracking_uri[len("sqlite:///"):] + ".lock"):
+            return _ensure_experiment(mlflow.MlflowClient(tracking_uri), name, artifact_location)
+    return _ensure_experiment(mlflow.MlflowClient(tracking_uri), name, artifact_location)
+
+
+def _ensure_experiment(client, name: str, artifact_location: str | None):
+    import mlflow
+
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id

@@ -170,8 +170,12 @@ def log_run_end(logger, out_dir: Path, tokenizer: Path, best_ckpt: str | None, l
             exp.log_artifact(run_id, path, artifact_path="checkpoints")
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Train one model as ``cfg`` says; returns the final callback metrics."""
+def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float]:
+    """Train one model as ``cfg`` says; returns the final callback metrics.
+
+    ``out_dir``: the run folder (default: Hydra's output folder, or a fresh one
+    under ``paths.output_dir`` when called through the compose API).
+    """
     check_config(cfg)
     ckpt, resumed_meta = resolve_resume(cfg)
     L.seed_everything(cfg.seed, workers=True)
@@ -180,7 +184,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule.prepare_data()  # errors about data surface here, before any run exists
     module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size)
 
-    out_dir = Path(ckpt).parent.parent if ckpt else run_dir(cfg)
+    if ckpt:
+        out_dir = Path(ckpt).parent.parent
+    elif out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        out_dir = run_dir(cfg)
     logger = build_logger(cfg, resumed_meta.get("mlflow_run_id"))
     checkpoint = ModelCheckpoint(
         dirpath=out_dir / "checkpoints",

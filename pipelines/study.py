@@ -1,0 +1,155 @@
+"""One scheme of the study: its causal-LM and masked-LM runs over seeds, and the
+length extrapolation of every causal-LM run, on a pool of worker processes.
+
+    python -m pipelines.study rope --tasks lm mlm --seeds 0 1 2 --workers 2 --threads 1 \
+        --runs-dir runs/rope --results results/runs/rope.json \
+        --extrapolation results/extrapolation/rope.csv --multipliers 1 2 4 8 16 --max-tokens 16384 \
+        --common "data=tinyshakespeare data.vocab_size=260 model=tiny" \
+        --lm "data.seq_len=64 trainer.max_steps=600" --mlm "data.seq_len=64 trainer.max_steps=600"
+
+Why a pool inside one stage: ``dvc repro`` runs its stages one at a time, so
+a stage per run would leave the second core idle, and parallel ``dvc repro``
+calls fight over the repository lock. A stage per scheme keeps DVC's caching
+exact (a change to one scheme's settings re-runs that scheme only) while its
+runs share the cores: ``--workers`` processes of ``--threads`` torch threads,
+forked from a server that has imported torch and Lightning once, so each
+stage pays the import cost once, not once per run.
+
+Each job is one training run (``posenc.train.train``) into
+``<runs-dir>/<task>-s<seed>/``; a causal-LM job then scores its checkpoint at
+every evaluation length (``posenc.evaluate``). The results file records, per
+run, the final validation (and test) metrics and the seconds spent training
+and evaluating, and for the stage its start-up and wall time; the
+extrapolation rows of all seeds go to one file. A failed job does not stop the
+others; the stage then exits non-zero naming every failure, and writes no
+results file (DVC keeps nothing of a failed stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+T0 = time.time()
+
+#: modules the fork server imports once for all workers of a stage
+PRELOAD = ["posenc.train", "posenc.evaluate"]
+
+
+def run_name(scheme: str, task: str, seed: int) -> str:
+    return f"{scheme}-{task}-s{seed}"
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: str, extrapolate: dict | None) -> dict:
+    """Train one run (and evaluate it at every length when ``extrapolate`` is given)."""
+    started = time.time()
+    from pipelines.common import compose_config
+    from posenc import evaluate as ev
+    from posenc.train import train
+
+    cfg = compose_config([f"encoding={scheme}", f"task={task}", f"seed={seed}",
+                          f"run_name={run_name(scheme, task, seed)}", *overrides])
+    t = time.perf_counter()
+    metrics = train(cfg, out_dir=out_dir)
+    train_s = time.perf_counter() - t
+    rows, eval_s = [], 0.0
+    if extrapolate is not None:
+        t = time.perf_counter()
+        settings = ev.Settings(methods=("nonoverlapping",), device="cpu", progress=False, **extrapolate)
+        rows, _ = ev.evaluate_checkpoint(out_dir, settings)
+        eval_s = time.perf_counter() - t
+    keep = ("val/loss", "val/ppl", "val/acc", "test/loss", "test/ppl", "test/acc", "global_step")
+    return {"scheme": scheme, "task": task, "seed": seed, "run_dir": out_dir,
+            **{k: metrics[k] for k in keep if k in metrics},
+            "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pipelines.study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scheme", help="an encoding name (conf/encoding/<name>.yaml)")
+    p.add_argument("--tasks", nargs="+", choices=["lm", "mlm"], default=["lm", "mlm"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--workers", type=int, default=2, help="training processes at once")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--runs-dir", required=True, help="run folders go to <runs-dir>/<task>-s<seed>")
+    p.add_argument("--results", required=True, help="JSON file: per-run metrics and timings")
+    p.add_argument("--extrapolation", help="results file (.csv, with a .json twin) of the causal-LM runs")
+    p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--common", default="", help="Hydra overrides for every run (one string)")
+    p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
+    p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
+    a = p.parse_args(argv)
+    if a.workers < 1 or a.threads < 1:
+        p.error("--workers and --threads must be at least 1")
+    if "lm" in a.tasks and not a.extrapolation:
+        p.error("--extrapolation is required when the causal-LM task is run")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    from posenc.evaluate import portable_path, write_results
+    from pipelines.common import write_json
+
+    jobs = []
+    for task in a.tasks:  # causal-LM jobs first: they also evaluate, so they are the longest
+        for seed in a.seeds:
+            overrides = shlex.split(a.common) + shlex.split(getattr(a, task))
+            extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task == "lm" else None
+            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra))
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    done, failed, n = [], [], len(jobs)
+    with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
+                             initargs=(a.threads,)) as pool:
+        futures = {pool.submit(run_job, *job): job for job in jobs}
+        for fut in as_completed(futures):
+            scheme, task, seed = futures[fut][:3]
+            try:
+                r = fut.result()
+            except Exception as e:  # noqa: BLE001 -- reported below, the others go on
+                failed.append(f"{run_name(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                print(f"[{len(done) + len(failed)}/{n}] {run_name(scheme, task, seed)} FAILED", flush=True)
+                continue
+            done.append(r)
+            acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
+            print(f"[{len(done) + len(failed)}/{n}] {run_name(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
+                  f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
+    if failed:
+        print("\n".join(["study failed:"] + failed), file=sys.stderr)
+        return 1
+    done.sort(key=lambda r: (r["task"], r["seed"]))
+    rows = [row for r in done for row in r.pop("rows")]
+    if "lm" in a.tasks:
+        write_results(rows, a.extrapolation)
+    for r in done:
+        r["run_dir"] = portable_path(r["run_dir"])
+    timing = {
+        "workers": min(a.workers, n), "threads": a.threads,
+        "startup_s": round(min(r.pop("started") for r in done) - T0, 2),
+        "train_s": round(sum(r["train_s"] for r in done), 2),
+        "eval_s": round(sum(r["eval_s"] for r in done), 2),
+        "wall_s": round(time.time() - T0, 2),
+    }
+    write_json(a.results, {"scheme": a.scheme, "timing": timing, "runs": done})
+    print(f"{a.scheme}: {n} runs in {timing['wall_s']:.0f} s (start-up {timing['startup_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

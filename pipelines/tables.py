@@ -1,0 +1,206 @@
+"""The study's tables: extrapolation and masked LM with their seed spread, a
+Welch t-test for "does <scheme> help?", and where the study's time went.
+
+    python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv \
+        --question fixed_bidirectional --against none sinusoidal learned shaw transformer_xl \
+        --out-dir results --md-dir figures
+
+Reads what ``pipelines.study`` writes (one ``results/runs/<scheme>.json`` per
+scheme, one extrapolation file per scheme) and writes, each as JSON (for
+``dvc metrics``) and Markdown (for the README):
+
+* ``lm_table``: perplexity at every evaluation length, mean ± sample sd over
+  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged;
+* ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, the
+  difference of accuracy to ``none`` with its Welch test, and the question
+  scheme against each scheme of ``--against`` and the best scheme;
+* ``timing.json``: per study stage its wall time, start-up, training and
+  evaluation seconds (worker-seconds: with 2 workers, twice the wall time at most).
+
+Welch's t-test (unequal variances): t = (m_a - m_b) / sqrt(s_a²/n_a + s_b²/n_b),
+degrees of freedom by Welch-Satterthwaite, two-sided p-value and a 95%
+confidence interval of the difference m_a - m_b. Checked against
+``scipy.stats.ttest_ind(equal_var=False)`` in ``tests/test_tables.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from .common import write_atomic, write_json
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    n = len(values)
+    m = sum(values) / n
+    return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
+
+
+def welch(a: list[float], b: list[float], level: float = 0.95) -> dict:
+    """Welch's t-test of mean(a) - mean(b): t, df, two-sided p and the confidence interval."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return {"diff": mean_sd(a)[0] - mean_sd(b)[0], "t": None, "df": None, "p": None, "ci": None,
+                "note": "needs at least 2 seeds on each side"}
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    va, vb = sa**2 / len(a), sb**2 / len(b)
+    diff, se = ma - mb, math.sqrt(va + vb)
+    if se == 0:
+        return {"diff": diff, "t": None, "df": None, "p": None, "ci": [diff, diff], "note": "no spread"}
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    t = diff / se
+    p = 2 * stats.t.sf(abs(t), df)
+    half = stats.t.ppf(0.5 + level / 2, df) * se
+    return {"diff": diff, "t": t, "df": df, "p": float(p), "ci": [diff - half, diff + half]}
+
+
+# ------------------------------------------------------------------ length extrapolation
+def lm_table(paths: list[str | Path]) -> dict:
+    """Per scheme: ppl mean/sd/n at every evaluation length, and the 16L/L ratio over seeds."""
+    from posenc.evaluate import read_results
+
+    df = read_results(paths)
+    df = df[df["method"] == "nonoverlapping"]
+    out = {}
+    for scheme, sub in df.groupby("scheme"):
+        train_len = int(sub["train_len"].iloc[0])
+        lengths = {}
+        for length, g in sub.groupby("eval_len"):
+            vals = [float(v) for v in g["ppl"] if math.isfinite(v)]
+            m, sd = mean_sd(vals) if vals else (None, None)
+            lengths[int(length)] = {"mean": m, "sd": sd, "n": len(vals)}
+        top = max(lengths)
+        ratios = []
+        for _, g in sub.groupby("seed"):
+            by_len = dict(zip(g["eval_len"].astype(int), g["ppl"].astype(float)))
+            if math.isfinite(by_len.get(top, math.nan)) and math.isfinite(by_len.get(train_len, math.nan)):
+                ratios.append(by_len[top] / by_len[train_len])
+        rm, rsd = mean_sd(ratios) if ratios else (None, None)
+        out[str(scheme)] = {"train_len": train_len, "seeds": sorted(int(s) for s in sub["seed"].unique()),
+                            "lengths": lengths, "ratio_longest": {"mean": rm, "sd": rsd, "n": len(ratios),
+                                                                  "longest": top}}
+    return out
+
+
+def lm_markdown(table: dict) -> str:
+    lengths = sorted({int(k) for e in table.values() for k in e["lengths"]})
+    L = min(e["train_len"] for e in table.values())
+    head = " | ".join(f"{t} ({t // L}L)" if t % L == 0 else str(t) for t in lengths)
+    lines = [f"| scheme | {head} | ppl({lengths[-1] // L}L) / ppl(L) | seeds |",
+             "| --- |" + " ---: |" * (len(lengths) + 2)]
+    order = sorted(table, key=lambda s: (table[s]["ratio_longest"]["mean"] is None,
+                                         table[s]["ratio_longest"]["mean"] or 0))
+    for s in order:
+        e = table[s]
+        cells = []
+        for t in lengths:
+            c = e["lengths"].get(t) or e["lengths"].get(str(t))
+            cells.append("n/a" if not c or c["mean"] is None else f"{c['mean']:.2f} ± {c['sd']:.2f}")
+        r = e["ratio_longest"]
+        ratio = "—" if r["mean"] is None else f"{r['mean']:.2f} ± {r['sd']:.2f}"
+        lines.append(f"| `{s}` | {' | '.join(cells)} | {ratio} | {len(e['seeds'])} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ masked LM
+def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
+    runs = defaultdict(list)
+    for f in run_files:
+        for r in json.loads(Path(f).read_text())["runs"]:
+            if r["task"] == "mlm":
+                runs[r["scheme"]].append(r)
+    if not runs:
+        raise SystemExit("no masked-LM runs in " + " ".join(map(str, run_files)))
+    return runs
+
+
+def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], baseline: str = "none") -> dict:
+    summary = {}
+    for scheme, rs in runs.items():
+        acc, ppl = [r["val/acc"] for r in rs], [r["val/ppl"] for r in rs]
+        (am, asd), (pm, psd) = mean_sd(acc), mean_sd(ppl)
+        summary[scheme] = {"seeds": sorted(r["seed"] for r in rs), "n": len(rs), "steps": rs[0].get("global_step"),
+                           "acc_mean": am, "acc_sd": asd, "ppl_mean": pm, "ppl_sd": psd, "acc": acc, "ppl": ppl}
+    if baseline in summary:
+        for scheme, e in summary.items():
+            if scheme != baseline:
+                e["vs_" + baseline] = welch(e["acc"], summary[baseline]["acc"])
+    tests = {}
+    if question in summary:
+        best = max((s for s in summary if s != question), key=lambda s: summary[s]["acc_mean"], default=None)
+        for other in [*against, best]:
+            if other in summary and other != question and other not in tests:
+                tests[other] = {**welch(summary[question]["acc"], summary[other]["acc"]),
+                                "best": other == best}
+    return {"metric": "masked-token accuracy on the validation split", "baseline": baseline,
+            "question": question, "tests": tests, "summary": summary}
+
+
+def _p(p: float | None) -> str:
+    return "—" if p is None else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
+
+
+def mlm_markdown(t: dict) -> str:
+    base = t["baseline"]
+    lines = [f"| scheme | accuracy | masked-token perplexity | seeds | accuracy − `{base}` (95% CI) | Welch p |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for s, e in sorted(t["summary"].items(), key=lambda kv: -kv[1]["acc_mean"]):
+        w = e.get("vs_" + base)
+        ci = "" if not w or not w.get("ci") else f" ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f})"
+        vs = "—" if not w else f"{100 * w['diff']:+.1f} pt{ci}"
+        lines.append(f"| `{s}` | {100 * e['acc_mean']:.1f}% ± {100 * e['acc_sd']:.1f} | {e['ppl_mean']:.2f} ± "
+                     f"{e['ppl_sd']:.2f} | {e['n']} | {vs} | {_p(w['p']) if w else '—'} |")
+    if t["tests"]:
+        q = t["question"]
+        lines += ["", f"Does `{q}` help? Accuracy of `{q}` minus that of each scheme (Welch t-test, two-sided):", "",
+                  "| against | difference (95% CI) | t | df | p |", "| --- | ---: | ---: | ---: | ---: |"]
+        for other, w in t["tests"].items():
+            ci = "—" if not w.get("ci") else f"({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f})"
+            name = f"`{other}`" + (" (best other scheme)" if w.get("best") else "")
+            tt = "—" if w["t"] is None else f"{w['t']:+.2f}"
+            df = "—" if w["df"] is None else f"{w['df']:.1f}"
+            lines.append(f"| {name} | {100 * w['diff']:+.1f} pt {ci} | {tt} | {df} | {_p(w['p'])} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ timing
+def timing(run_files: list[str | Path]) -> dict:
+    stages = {}
+    for f in run_files:
+        d = json.loads(Path(f).read_text())
+        stages[d["scheme"]] = d["timing"] | {"runs": len(d["runs"])}
+    keys = ("wall_s", "startup_s", "train_s", "eval_s")
+    return {"stages": stages, "total": {k: round(sum(s[k] for s in stages.values()), 1) for k in keys}
+            | {"runs": sum(s["runs"] for s in stages.values())}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m pipelines.tables", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="results/runs/<scheme>.json files of pipelines.study")
+    p.add_argument("--extrapolation", nargs="+", required=True, help="extrapolation results files")
+    p.add_argument("--question", default="fixed_bidirectional")
+    p.add_argument("--against", nargs="*", default=["none", "sinusoidal", "learned", "shaw", "transformer_xl"])
+    p.add_argument("--out-dir", default="results")
+    p.add_argument("--md-dir", default="figures")
+    a = p.parse_args(argv)
+    out, md = Path(a.out_dir), Path(a.md_dir)
+    lm = lm_table(a.extrapolation)
+    write_json(out / "lm_table.json", lm)
+    write_atomic(md / "lm_table.md", lm_markdown(lm))
+    mlm = mlm_table(mlm_runs(a.runs), a.question, a.against)
+    write_json(out / "mlm_table.json", mlm)
+    write_atomic(md / "mlm_table.md", mlm_markdown(mlm))
+    write_json(out / "timing.json", timing(a.runs))
+    print(lm_markdown(lm))
+    print(mlm_markdown(mlm))
+
+
+if __name__ == "__main__":
+    main()
