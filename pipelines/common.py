@@ -6,14 +6,17 @@ import json
 import os
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from posenc.train import CONFIG_DIR
+from posenc import CONFIG_DIR
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The training config with Hydra overrides, as ``python train.py`` would see it."""
+    from hydra import compose, initialize_config_dir
+
+    import posenc.train  # noqa: F401 -- registers the model schema that conf/model/*.yaml extends
+
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose("train", overrides=list(overrides))
 

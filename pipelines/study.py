@@ -13,7 +13,8 @@ calls fight over the repository lock. A stage per scheme keeps DVC's caching
 exact (a change to one scheme's settings re-runs that scheme only) while its
 runs share the cores: ``--workers`` processes of ``--threads`` torch threads,
 forked from a server that has imported torch and Lightning once, so each
-stage pays the import cost once, not once per run.
+stage pays the import cost once, not once per run (the parent process imports
+neither before the pool starts).
 
 Each job is one training run (``posenc.train.train``) into
 ``<runs-dir>/<task>-s<seed>/``; a causal-LM job then scores its checkpoint at
@@ -102,9 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    from posenc.evaluate import portable_path, write_results
-    from pipelines.common import write_json
-
     jobs = []
     for task in a.tasks:  # causal-LM jobs first: they also evaluate, so they are the longest
         for seed in a.seeds:
@@ -118,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
                              initargs=(a.threads,)) as pool:
         futures = {pool.submit(run_job, *job): job for job in jobs}
+        # imported while the workers train: the parent itself never imports Lightning
+        from pipelines.common import write_json
+        from posenc.evaluate import portable_path, write_results
+
         for fut in as_completed(futures):
             scheme, task, seed = futures[fut][:3]
             try:

@@ -6,6 +6,10 @@ from omegaconf import OmegaConf
 
 __version__ = "0.1.0"
 
+#: the Hydra config folder (conf/ at the project root); here, not in posenc.train,
+#: so that naming it does not import Lightning
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
 # ${abspath:...} in configs: an absolute path, so the MLflow URI and caches do not
 # depend on the working directory.
 OmegaConf.register_new_resolver("abspath", lambda p: str(Path(p).expanduser().resolve()), replace=True)

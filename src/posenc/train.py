@@ -24,14 +24,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from . import tracking
+from . import CONFIG_DIR, tracking
 from .callbacks import GracefulInterrupt
 from .model import ModelSize
 from .module import LMModule
 
 log = logging.getLogger(__name__)
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 class ConfigError(ValueError):
