@@ -1,0 +1,82 @@
+"""``bench.png`` / ``bench.svg``: step time and peak memory relative to ``none``,
+one hue per T, with the per-round ratios as dots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import POSENC, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS
+from .report import _atomic_write, _model_label
+
+
+def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    rows = [r for r in res["summary"] if r["impl"] == POSENC and r.get("step_ratio") is not None]
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    order = list(dict.fromkeys(df["scheme"]))
+    # per-round paired ratios as dots
+    base = {(r["T"], r["round"]): r["train_s"] for r in res["raw"] if r["impl"] == POSENC and r["scheme"] == "none"}
+    dots = pd.DataFrame(
+        [
+            {"scheme": r["scheme"], "T": r["T"], "ratio": r["train_s"] / base[(r["T"], r["round"])]}
+            for r in res["raw"]
+            if r["impl"] == POSENC and (r["T"], r["round"]) in base
+        ]
+    )
+    panels = [("step_ratio", "training-step time / none")]
+    if "mem_ratio" in df and df["mem_ratio"].notna().any():
+        panels.append(("mem_ratio", "peak training memory / none"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 0.75 * len(order) + 2), 3.6 * len(panels)), squeeze=False)
+    for ax, (col, label) in zip(axes[:, 0], panels, strict=True):
+        sns.barplot(data=df, x="scheme", y=col, hue="T", order=order, palette="viridis", ax=ax)
+        if col == "step_ratio" and not dots.empty:
+            sns.stripplot(
+                data=dots,
+                x="scheme",
+                y="ratio",
+                hue="T",
+                order=order,
+                dodge=True,
+                palette="dark:k",
+                size=3,
+                ax=ax,
+                legend=False,
+            )
+            ax.axhline(TARGET_STEP_ABS_ROT, ls=":", c="tab:green", lw=1, label=f"{TARGET_STEP_ABS_ROT}× (abs/rot)")
+            ax.axhline(TARGET_STEP_BIAS, ls="--", c="tab:orange", lw=1, label=f"{TARGET_STEP_BIAS}× (bias)")
+        if col == "mem_ratio":
+            ax.axhline(TARGET_MEM_BIAS, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM_BIAS}× (bias)")
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.axhline(1.0, c="k", lw=0.8)
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", rotation=35)
+        for t in ax.get_xticklabels():
+            t.set_ha("right")
+        ax.legend(title="T", fontsize=8, ncol=2)
+    meta = res["meta"]
+    axes[0, 0].set_title(
+        f"posenc, model {_model_label(meta['settings']).replace('`', '')}, {meta['dtype']}, {meta['device_name']} "
+        f"(bars: best/best, dots: per round)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    paths = []
+    for ext in ("png", "svg"):
+        p = out_dir / f"bench.{ext}"
+        _atomic_write(p, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=150))
+        paths.append(p)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,358 @@
+"""Summary rows (times, ratios to ``none`` and to x-transformers, memory, FLOP/s),
+the issue's targets, the Markdown tables and the environment of a run.
+
+T^2 growth. "T² floats/pair" is, at the longest probed length, the memory a
+scheme needs beyond ``none`` (which attends with the flash kernel and keeps no
+T x T tensor) per layer, sequence and query-key pair, in fp32 values:
+(mem - mem_none) / (4 bytes * n_layers * B * T^2). Each (B, H, T, T) tensor
+alive at the peak adds about H; a (B, T, T, D) tensor would add about D. The
+target "no memory growing like T^2 * D" is read as a value at most D/4.
+(A (1, H, T, T) bias shared by the batch adds H / B; at the longest length B
+is usually 1.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import POSENC, TARGET_LENGTH, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS, XT, Settings
+from .flops import palm_flops_per_token
+from .xtransformers import XT_SHARED
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(s: Settings, xt_version: str | None) -> dict[str, Any]:
+    dev = torch.cuda.get_device_name() if s.device == "cuda" else _cpu_name()
+    return {
+        "settings": asdict(s),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "x_transformers": xt_version,
+        "device": s.device,
+        "device_name": dev,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": "bf16 autocast" if s.device == "cuda" else "fp32",
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "command": " ".join([Path(sys.executable).name, "-m", "posenc.bench", *sys.argv[1:]]),
+    }
+
+
+# ---------------------------------------------------------------- summary
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> float | None:
+    common = [a[r] / b[r] for r in a if r in b and b[r] > 0]
+    return statistics.median(common) if common else None
+
+
+def summarize(res: dict[str, Any], s: Settings) -> list[dict[str, Any]]:
+    model_cfg = s.model
+    times: dict[tuple[str, str, int], dict[str, dict[int, float]]] = {}
+    for r in res["raw"]:
+        t = times.setdefault((r["impl"], r["scheme"], r["T"]), {"train": {}, "eval": {}})
+        t["train"][r["round"]] = r["train_s"]
+        t["eval"][r["round"]] = r["eval_s"]
+    mem = {(m["impl"], m["scheme"], m["T"]): m for m in res["memory"]}
+    fl = {(f["impl"], f["scheme"], f["T"]): f for f in res["flops"]}
+    peak = res["peak"]["flops_per_s"]
+    L = model_cfg["n_layers"]
+    rows = []
+    for (impl, sch, T), t in times.items():
+        B = s.batch(T)
+        tokens = B * T
+        tr, ev = list(t["train"].values()), list(t["eval"].values())
+        row: dict[str, Any] = {
+            "impl": impl,
+            "scheme": sch,
+            "class": res["classes"].get(f"{impl}:{sch}", "x-transformers" if impl == XT else "?"),
+            "T": T,
+            "batch": B,
+            "tokens": tokens,
+            "rounds": len(tr),
+            "train_s_min": min(tr),
+            "train_s_median": statistics.median(tr),
+            "eval_s_min": min(ev),
+            "eval_s_median": statistics.median(ev),
+            "train_tok_s": tokens / min(tr),
+            "eval_tok_s": tokens / min(ev),
+        }
+        base = times.get((impl, "none", T))
+        if base:
+            row["step_ratio"] = _ratio(min(tr), min(base["train"].values()))
+            row["step_ratio_paired_median"] = _paired(t["train"], base["train"])
+            row["eval_ratio"] = _ratio(min(ev), min(base["eval"].values()))
+            row["eval_ratio_paired_median"] = _paired(t["eval"], base["eval"])
+        m, m0 = mem.get((impl, sch, T)), mem.get((impl, "none", T))
+        if m:
+            row["mem_train_bytes"] = m["train_peak"]
+            if m0:
+                row["mem_ratio"] = _ratio(m["train_peak"], m0["train_peak"])
+        f = fl.get((impl, sch, T))
+        if f and f.get("train"):
+            row["flops_train"] = f["train"]
+            row["flops_eval"] = f["eval"]
+            row["train_flops_per_s"] = f["train"] / min(tr)
+            row["train_peak_fraction"] = f["train"] / min(tr) / peak
+        row["flops_train_palm"] = palm_flops_per_token(model_cfg, s.vocab_size, T) * tokens
+        row["palm_peak_fraction"] = row["flops_train_palm"] / min(tr) / peak
+        if impl == POSENC and (XT, sch, T) in times:
+            xt = times[(XT, sch, T)]
+            row["xt_step_ratio"] = _ratio(min(tr), min(xt["train"].values()))
+            row["xt_step_ratio_paired_median"] = _paired(t["train"], xt["train"])
+            row["xt_eval_ratio"] = _ratio(min(ev), min(xt["eval"].values()))
+            mx = mem.get((XT, sch, T))
+            if m and mx:
+                row["xt_mem_ratio"] = _ratio(m["train_peak"], mx["train_peak"])
+        rows.append(row)
+    # rows for what failed (out of memory, an exception in a scheme)
+    have = {(r["impl"], r["scheme"], r["T"]) for r in rows}
+    for e in res["errors"]:
+        key = (e["impl"], e["scheme"], e.get("T"))
+        if key[2] is not None and key not in have:
+            cls = res["classes"].get(f"{key[0]}:{key[1]}", "x-transformers" if key[0] == XT else "?")
+            rows.append(
+                {
+                    "impl": key[0],
+                    "scheme": key[1],
+                    "class": cls,
+                    "T": key[2],
+                    "batch": s.batch(key[2]),
+                    "failed": e["error"],
+                }
+            )
+            have.add(key)
+    # excess over none per layer, sequence and query-key pair at the longest probed length
+    by_key = {(r["impl"], r["scheme"], r["T"]): r for r in rows}
+    for impl, sch in {(k[0], k[1]) for k in mem}:
+        T = max(t for (i, sc, t) in mem if (i, sc) == (impl, sch))
+        base, row = mem.get((impl, "none", T)), by_key.get((impl, sch, T))
+        if base and row:
+            excess = mem[(impl, sch, T)]["train_peak"] - base["train_peak"]
+            row["t2_floats_per_pair"] = excess / (4.0 * L * s.batch(T) * T * T)
+    order = {sch: i for i, sch in enumerate(s.schemes)}
+    rows.sort(key=lambda r: (r["T"], r["impl"] != POSENC, order.get(r["scheme"], 99)))
+    return rows
+
+
+def evaluate_targets(rows: list[dict[str, Any]], s: Settings) -> list[dict[str, Any]]:
+    """The issue's targets at T=1024 (or the length closest to it), one entry per check.
+
+    absolute/rotary: step time <= 1.05 x none; bias: step time <= 1.25 x none
+    and peak memory <= 1.5 x none; every shared scheme: posenc step time <=
+    x-transformers'; every scheme: memory growth not T^2 * D-like (fewer than
+    D/4 fp32 values kept per layer per query-key pair). A (scheme, T) that
+    failed does not meet its targets.
+    """
+    if not rows:
+        return []
+    T = min(s.lengths, key=lambda t: abs(t - TARGET_LENGTH))
+    D = s.model["d_model"]
+    out = []
+    for r in rows:
+        if r["impl"] != POSENC:
+            continue
+        if r["T"] == T and r["scheme"] != "none":
+            limit = TARGET_STEP_ABS_ROT if r["class"] == "absolute/rotary" else TARGET_STEP_BIAS
+            out.append(_target(r, T, "step", r.get("step_ratio"), limit))
+            if r["class"] == "bias" and s.memory and (r.get("mem_ratio") is not None or "failed" in r):
+                out.append(_target(r, T, "memory", r.get("mem_ratio"), TARGET_MEM_BIAS))
+        if r["T"] == T and (r.get("xt_step_ratio") is not None or ("failed" in r and r["scheme"] in XT_SHARED)):
+            out.append(_target(r, T, "x-transformers", r.get("xt_step_ratio"), 1.0))
+        if r.get("t2_floats_per_pair") is not None:
+            out.append(_target(r, r["T"], "T2", r["t2_floats_per_pair"], D / 4))
+    return out
+
+
+def _target(r: dict[str, Any], T: int, what: str, value: float | None, limit: float) -> dict[str, Any]:
+    met = value is not None and value <= limit
+    return {"scheme": r["scheme"], "T": T, "what": what, "value": value, "limit": limit, "met": met}
+
+
+# ----------------------------------------------------------------- outputs
+
+
+def _fmt(v: Any, spec: str = ".2f", missing: str = "–") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return missing
+    return format(v, spec)
+
+
+def _mib(v: Any) -> str:
+    return _fmt(None if v is None else v / 2**20, ".1f")
+
+
+def _ktok(v: Any) -> str:
+    return _fmt(None if v is None else v / 1e3, ".1f")
+
+
+TARGET_COLUMNS = {
+    "step": "step / none (abs/rot <= 1.05, bias <= 1.25)",
+    "memory": "mem / none (bias <= 1.5)",
+    "x-transformers": "posenc / x-t step (<= 1)",
+    "T2": "T² floats/pair (<= D/4)",
+}
+
+
+def targets_markdown(targets: list[dict[str, Any]], d_model: int) -> list[str]:
+    T = next((t["T"] for t in targets if t["what"] != "T2"), None)
+    cols = [c for c in TARGET_COLUMNS if any(t["what"] == c for t in targets)]
+    cell: dict[tuple[str, str], str] = {}
+    for t in targets:
+        v = "failed" if t["value"] is None else f"{t['value']:.2f}"
+        cell[(t["scheme"], t["what"])] = f"{v} {'yes' if t['met'] else '**no**'}"
+    schemes = list(dict.fromkeys(t["scheme"] for t in targets))
+    lines = [
+        "",
+        f"Targets at T={T} (reported, not asserted; T² floats/pair at the longest probed length, D = {d_model}):",
+        "",
+        "| scheme | " + " | ".join(TARGET_COLUMNS[c] for c in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for sch in schemes:
+        lines.append(f"| {sch} | " + " | ".join(cell.get((sch, c), "") for c in cols) + " |")
+    return lines
+
+
+def _model_label(st: dict[str, Any]) -> str:
+    return f"`{st['model_name']}`" + (" at --tiny sizes" if st["tiny"] else "")
+
+
+def _short(error: str) -> str:
+    if "can't allocate memory" in error or "MemoryError" in error:
+        return "out of memory (over --max-memory-gb)"
+    return error.replace("|", "/").replace("\n", " ")[:80]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    meta, rows = res["meta"], res["summary"]
+    st = meta["settings"]
+    mc = st["model"]
+    lines = [
+        "## Speed and memory of the schemes",
+        "",
+        f"`{meta['command']}` on {meta['device_name']} ({meta['cpu_count']} CPUs, {meta['torch_threads']} torch "
+        f"threads), torch {meta['torch']}, {meta['dtype']}, {meta['created']}. Model {_model_label(st)} "
+        f"(d_model {mc['d_model']}, {mc['n_layers']} layers, {mc['n_heads']} heads, d_ff {mc['d_ff']}, vocab "
+        f"{st['vocab_size']}), causal LM, {st['tokens_per_batch']} tokens per batch (batch = tokens // T), "
+        "AdamW. Rounds (warm-up) per length: "
+        + ", ".join(f"T={t}: {n} ({st['warmup'][t]})" for t, n in sorted(st["repeats"].items()))
+        + f". Matmul peak {res['peak']['flops_per_s'] / 1e9:.1f} GFLOP/s (samples: "
+        + ", ".join(f"{p['when']} {p['flops_per_s'] / 1e9:.1f}" for p in res["peak"]["samples"])
+        + "; their spread shows how much the machine's load drifted).",
+        "",
+        (
+            "Times are the best of the rounds; ratios are best / best and, in brackets, the median of the "
+            "per-round ratios. Memory: peak above the state after a T=1 warm-up (weights, gradients, AdamW), "
+            "training step. FLOP/s % peak: counted training FLOPs / step time / matmul peak."
+        ),
+        "",
+        (
+            "| scheme | class | T | batch | train ktok/s | eval ktok/s | step / none | eval / none | "
+            "train mem MiB | mem / none | FLOP/s % peak | posenc / x-t step |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["impl"] != POSENC:
+            continue
+        if "failed" in r:
+            lines.append(f"| {r['scheme']} | {r['class']} | {r['T']} | {r['batch']} | failed: {_short(r['failed'])} |")
+            continue
+        lines.append(
+            f"| {r['scheme']} | {r['class']} | {r['T']} | {r['batch']} | {_ktok(r['train_tok_s'])} | "
+            f"{_ktok(r['eval_tok_s'])} | {_fmt(r.get('step_ratio'))} ({_fmt(r.get('step_ratio_paired_median'))}) | "
+            f"{_fmt(r.get('eval_ratio'))} | {_mib(r.get('mem_train_bytes'))} | {_fmt(r.get('mem_ratio'))} | "
+            f"{_fmt(None if r.get('train_peak_fraction') is None else 100 * r['train_peak_fraction'], '.1f')} | "
+            f"{_fmt(r.get('xt_step_ratio'))} ({_fmt(r.get('xt_step_ratio_paired_median'))}) |"
+        )
+    xt_rows = [r for r in rows if r["impl"] == XT]
+    if xt_rows:
+        lines += [
+            "",
+            f"x-transformers {meta['x_transformers']} at the same sizes (posenc / x-t below 1: posenc is faster):",
+            "",
+            (
+                "| scheme | T | x-t train ktok/s | x-t eval ktok/s | x-t step / x-t none | x-t train mem MiB | "
+                "posenc / x-t step | posenc / x-t eval | posenc / x-t mem |"
+            ),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        by_key = {(r["impl"], r["scheme"], r["T"]): r for r in rows}
+        for r in xt_rows:
+            if "failed" in r:
+                lines.append(f"| {r['scheme']} | {r['T']} | failed: {_short(r['failed'])} |")
+                continue
+            p = by_key.get((POSENC, r["scheme"], r["T"]), {})
+            lines.append(
+                f"| {r['scheme']} | {r['T']} | {_ktok(r['train_tok_s'])} | {_ktok(r['eval_tok_s'])} | "
+                f"{_fmt(r.get('step_ratio'))} | {_mib(r.get('mem_train_bytes'))} | "
+                f"{_fmt(p.get('xt_step_ratio'))} ({_fmt(p.get('xt_step_ratio_paired_median'))}) | "
+                f"{_fmt(p.get('xt_eval_ratio'))} | {_fmt(p.get('xt_mem_ratio'))} |"
+            )
+    slopes = [r for r in rows if r.get("t2_floats_per_pair") is not None and r["impl"] == POSENC]
+    slopes.sort(key=lambda r: list(res["meta"]["settings"]["schemes"]).index(r["scheme"]))
+    if slopes:
+        lines += [
+            "",
+            f"Memory beyond `none` at T={slopes[0]['T']}, in fp32 values per layer, sequence and query-key pair "
+            f"(about H = {mc['n_heads']} per (B, H, T, T) tensor; a T²·D term would give about D = {mc['d_model']}): "
+            + ", ".join(
+                f"{r['scheme']} {r['t2_floats_per_pair']:.1f}" + (f" (T={r['T']})" if r["T"] != slopes[0]["T"] else "")
+                for r in slopes
+            )
+            + ".",
+        ]
+    if res["targets"]:
+        lines += targets_markdown(res["targets"], mc["d_model"])
+    if res["errors"]:
+        lines += ["", "Failures:", ""]
+        lines += [f"- {e['impl']} {e['scheme']} T={e.get('T')}: {e['error']}" for e in res["errors"]]
+    for n in res["notes"]:
+        lines += ["", f"Note: {n}"]
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda p: p.write_text(text))
