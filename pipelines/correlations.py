@@ -14,9 +14,13 @@ are taken from their causal-LM runs; their panels are titled "(lm)".
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from analysis import correlations
+from posenc.encodings.base import TERM_NAMES
+
+from .common import write_atomic
 
 
 def checkpoints(runs_dir: str | Path) -> list[Path]:
@@ -31,6 +35,16 @@ def checkpoints(runs_dir: str | Path) -> list[Path]:
     return out
 
 
+def band_markdown(schemes: dict[str, dict]) -> str:
+    """The band score of every term, mean ± sd over seeds, one row per scheme."""
+    lines = ["| scheme | " + " | ".join(TERM_NAMES) + " | seeds |", "| --- |" + " ---: |" * (len(TERM_NAMES) + 1)]
+    for label, e in schemes.items():
+        cells = [f"{e['terms'][t]['band_mean']:+.2f} ± {e['terms'][t]['band_sd']:.2f}" if t in e["terms"] else "—"
+                 for t in TERM_NAMES]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {len(e['seeds'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.correlations", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,14 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draw-seed", type=int, default=0, help="the seed whose runs are drawn")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--json", required=True)
+    p.add_argument("--md", help="Markdown table of the band scores over seeds")
     p.add_argument("--batches", type=int, default=2)
     a = p.parse_args(argv)
     ckpts = checkpoints(a.runs_dir) if Path(a.runs_dir).is_dir() else []
     if not ckpts:
         raise SystemExit(f"no checkpoints matching {a.runs_dir}/<scheme>/(mlm|lm)-s<seed>/checkpoints/last.ckpt")
     args = [x for c in ckpts for x in ("--ckpt", str(c))]
-    return correlations.main(args + ["--out-dir", a.out_dir, "--json", a.json, "--batches", str(a.batches),
-                                     "--draw-seed", str(a.draw_seed)])
+    rc = correlations.main(args + ["--out-dir", a.out_dir, "--json", a.json, "--batches", str(a.batches),
+                                   "--draw-seed", str(a.draw_seed)])
+    if rc == 0 and a.md:
+        write_atomic(a.md, band_markdown(json.loads(Path(a.json).read_text())["schemes"]))
+    return rc
 
 
 if __name__ == "__main__":

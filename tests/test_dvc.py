@@ -64,6 +64,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     prepared = json.loads((tmp_path / "results/prepare.json").read_text())
     assert prepared["source"] == "local" and prepared["root"] == os.path.relpath(data_root.resolve(), tmp_path)
     for f in ["figures/extrapolation.png", "figures/extrapolation.svg", "figures/mlm_table.md", "figures/lm_table.md",
+              "figures/correlations_table.md",
               "results/extrapolation.csv", "results/mlm_table.json", "results/lm_table.json", "results/timing.json",
               "results/correlations.json", "results/pretrained_minilm.json", "figures/bench/bench.json",
               "figures/bench/bench.png"]:
