@@ -43,7 +43,8 @@ T0 = time.time()
 PRELOAD = ["posenc.train", "posenc.evaluate"]
 
 
-def run_name(scheme: str, task: str, seed: int) -> str:
+def job_label(scheme: str, task: str, seed: int) -> str:
+    """How the progress lines name a job (its MLflow run name also carries the corpus)."""
     return f"{scheme}-{task}-s{seed}"
 
 
@@ -60,8 +61,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     from posenc import evaluate as ev
     from posenc.train import train
 
-    cfg = compose_config([f"encoding={scheme}", f"task={task}", f"seed={seed}",
-                          f"run_name={run_name(scheme, task, seed)}", *overrides])
+    cfg = compose_config([f"encoding={scheme}", f"task={task}", f"seed={seed}", *overrides])
     t = time.perf_counter()
     metrics = train(cfg, out_dir=out_dir)
     train_s = time.perf_counter() - t
@@ -125,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = fut.result()
             except Exception as e:  # noqa: BLE001 -- reported below, the others go on
-                failed.append(f"{run_name(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                print(f"[{len(done) + len(failed)}/{n}] {run_name(scheme, task, seed)} FAILED", flush=True)
+                failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
                 continue
             done.append(r)
             acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
-            print(f"[{len(done) + len(failed)}/{n}] {run_name(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
+            print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
                   f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
     if failed:
         print("\n".join(["study failed:"] + failed), file=sys.stderr)

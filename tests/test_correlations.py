@@ -150,10 +150,10 @@ def test_correlation_cli_writes_figures_and_json(checkpoints, data_root, tmp_pat
                            "--length", "16", "--data-dir", str(data_root), "--no-heads"])  # fmt: skip
     assert rc == 0
     res = json.loads(js.read_text())
-    assert list(res["models"]) == [f"{enc}-{SCHEMES[enc][0]}-s0" for enc in SCHEMES]
+    assert list(res["models"]) == [f"{enc}-{SCHEMES[enc][0]}-tinyshakespeare-s0" for enc in SCHEMES]
     assert "band_score" in res["band_score_definition"]
     for enc, (task, present) in SCHEMES.items():
-        s = res["models"][f"{enc}-{task}-s0"]
+        s = res["models"][f"{enc}-{task}-tinyshakespeare-s0"]
         assert (s["encoding"], s["task"], s["length"], s["n_sequences"]) == (enc, task, 16, 4)
         for t in TERM_NAMES:
             assert s["terms"][t]["present"] == (t in present)
@@ -166,7 +166,7 @@ def test_correlation_cli_writes_figures_and_json(checkpoints, data_root, tmp_pat
                 assert len(r["per_head"]["band_score"]) == 2
         for f in s["figures"]:
             assert (out / f.split("/")[-1]).stat().st_size > 0
-        assert [p.split("/")[-1] for p in s["figures"]] == [f"{enc}-{task}-s0.png", f"{enc}-{task}-s0.svg"]
+        assert [p.split("/")[-1] for p in s["figures"]] == [f"{enc}-{task}-tinyshakespeare-s0.png", f"{enc}-{task}-tinyshakespeare-s0.svg"]
     for x in ("png", "svg"):
         assert (out / f"overview.{x}").stat().st_size > 0
     img = plt.imread(out / "overview.png")

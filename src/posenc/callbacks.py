@@ -1,4 +1,4 @@
-"""Callbacks that keep a run recoverable."""
+"""Callbacks: a recoverable run, validation at its end, a step progress bar."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger(__name__)
@@ -53,3 +54,53 @@ class GracefulInterrupt(L.Callback):
             path = self.dirpath / "last.ckpt"
             trainer.save_checkpoint(path)
             log.warning("stopped at step %d; saved %s (resume with ckpt_path=last)", trainer.global_step, path)
+
+
+class ValidateAtEnd(L.Callback):
+    """Validate after the last step whatever ``val_check_interval`` says.
+
+    Training is one endless epoch that stops at ``trainer.max_steps``, so a
+    run shorter than the interval would end without a validation metric.
+    Asking the loop to stop at the last step makes Lightning validate then
+    (once, also when the interval falls on that step), and the checkpoint
+    callback sees the final validation loss.
+    """
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's bar, counting optimiser steps of the whole run.
+
+    Training reads an endless stream, so the epoch Lightning would show is
+    meaningless (``Epoch 0/-2``); this bar shows ``step n/max_steps`` and
+    starts at the resumed step.
+    """
+
+    def on_train_epoch_start(self, trainer, *_):
+        super().on_train_epoch_start(trainer)
+        bar = self.train_progress_bar
+        bar.reset(total=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None)
+        bar.initial = trainer.global_step
+        bar.set_description("step")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        bar = self.train_progress_bar
+        if bar is not None and self._should_update(trainer.global_step, bar.total):
+            bar.n = trainer.global_step
+            bar.refresh()
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_lightning_tips() -> None:
+    """Drop Lightning's advertisement for its cloud logger (printed on every run)."""
+    target = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropTips) for f in target.filters):
+        target.addFilter(_DropTips())

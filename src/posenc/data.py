@@ -104,7 +104,7 @@ class Corpus:
             return {"source": "local", "files": digest, "split_fractions": self.split_fractions}
         if not self.hub:
             raise DataError(
-                f"data={self.name} has no hub dataset; set {self.root_setting} to a folder of .txt files"
+                f"data={self.name} reads only the folder you name: set {self.root_setting}=<folder of .txt files>"
             )
         return {"source": "hub", "hub": dict(self.hub), "split_fractions": self.split_fractions}
 

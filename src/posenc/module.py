@@ -43,14 +43,18 @@ class LMModule(L.LightningModule):
     masked targets for ``task=mlm``, where accuracy is reported too).
 
     ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
-    checkpoint so a model can be rebuilt from the checkpoint alone.
+    checkpoint so a model can be rebuilt from the checkpoint alone, with
+    ``identity`` (``posenc.train.run_identity``: scheme, model, objective and
+    the data's token checksum), which a resume must match.
     """
 
-    def __init__(self, cfg: dict[str, Any], vocab_size: int):
+    def __init__(self, cfg: dict[str, Any], vocab_size: int, identity: dict[str, Any] | None = None):
         super().__init__()
         self.save_hyperparameters(logger=False)
         self.cfg = OmegaConf.create(cfg)
         self.model = build_model(self.cfg, vocab_size)
+        # one window: Lightning's model summary counts FLOPs with it
+        self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
         self.train_ppl = Perplexity(ignore_index=IGNORE)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)

@@ -89,16 +89,24 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     return _ensure_experiment(mlflow.MlflowClient(tracking_uri), name, artifact_location)
 
 
+#: experiment tag that makes the MLflow 3 UI open the experiment as model training
+#: (runs, metrics, artifacts) rather than its GenAI view (traces)
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def _ensure_experiment(client, name: str, artifact_location: str | None):
     import mlflow
 
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except mlflow.exceptions.MlflowException:  # created meanwhile by another process
-        return client.get_experiment_by_name(name).experiment_id
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, artifact_location=artifact_location)
+        except mlflow.exceptions.MlflowException:  # created meanwhile by another process
+            exp_id = client.get_experiment_by_name(name).experiment_id
+        exp = client.get_experiment(exp_id)
+    if EXPERIMENT_KIND[0] not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def find_runs(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
@@ -117,3 +125,30 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
     import mlflow
 
     mlflow.MlflowClient(tracking_uri).set_terminated(run_id, status)
+
+
+def log_dataset(client, run_id: str, name: str, meta: Mapping) -> None:
+    """Record the corpus as the run's MLflow dataset input (the run list's
+    Dataset column): its name, the token checksum as digest, where it was read
+    from and its token counts."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    source = meta.get("root") or "hub"
+    dataset = Dataset(
+        name=name, digest=str(meta["tokens_sha256"])[:12], source_type="local" if meta.get("root") else "hub",
+        source=json.dumps({"uri": str(source)}),
+        profile=json.dumps({"tokens": meta.get("tokens"), "vocab_size": meta.get("vocab_size_actual")}),
+    )
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
+
+
+def how_to_open(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """Where to find a run in the MLflow UI (MLflow 3 opens in its GenAI view:
+    runs are under "Model training")."""
+    server = f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
+    if not tracking_uri.startswith("sqlite:"):
+        server = f"the MLflow server at {tracking_uri}"
+    return (f"MLflow run {run_id}: start {server}, then open "
+            f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")

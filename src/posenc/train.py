@@ -6,9 +6,13 @@ config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
+import re
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,14 @@ import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONFIG_DIR, tracking
-from .callbacks import GracefulInterrupt
+from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
+from .data import DataError
 from .model import ModelSize
 from .module import LMModule
 
@@ -48,12 +53,15 @@ def check_config(cfg: DictConfig) -> None:
             f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
             "pick a head count that divides the width"
         )
-    scheme = instantiate(cfg.encoding.scheme)(
-        d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
-    )
     if cfg.data.seq_len < 1:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
-    scheme.check_length(int(cfg.data.seq_len))
+    try:
+        scheme = instantiate(cfg.encoding.scheme)(
+            d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
+        )
+        scheme.check_length(int(cfg.data.seq_len))
+    except ValueError as e:  # the scheme's own checks name the setting
+        raise ConfigError(str(e)) from e
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -67,62 +75,115 @@ def run_dir(cfg: DictConfig) -> Path:
         return d
 
 
-def find_last_checkpoint(cfg: DictConfig) -> Path:
-    """The newest ``last.ckpt`` of a run with this run name under paths.output_dir."""
-    candidates = []
-    for meta in Path(cfg.paths.output_dir).glob("**/run.json"):
-        info = json.loads(meta.read_text())
-        ckpt = meta.parent / "checkpoints" / "last.ckpt"
-        if info.get("run_name") == cfg.run_name and ckpt.exists():
-            candidates.append(ckpt)
-    if not candidates:
-        raise FileNotFoundError(
-            f"ckpt_path=last: no last.ckpt of a run named {cfg.run_name!r} under {cfg.paths.output_dir}; "
-            "give ckpt_path=<path to a .ckpt> or start a fresh run"
-        )
-    return max(candidates, key=lambda p: p.stat().st_mtime)
-
-
 def load_checkpoint(path: str | Path) -> dict:
     """``torch.load`` with ``weights_only=True`` and an error that says what to do."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {path}")
+        raise ConfigError(f"no checkpoint file at {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); it is truncated, "
             "corrupt or not a posenc checkpoint: delete it and resume from another one"
         ) from e
 
 
-#: settings a checkpoint must share with the run that resumes it
-ARCHITECTURE_KEYS = ("encoding", "model", "task.objective", "data.corpus.name", "data.vocab_size")
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
 
 
-def check_compatible(cfg: DictConfig, saved_cfg: dict, path: Path) -> None:
-    """Refuse to resume a checkpoint of another scheme, size or task."""
-    saved = OmegaConf.create(saved_cfg)
-    for key in ARCHITECTURE_KEYS:
-        want = OmegaConf.select(cfg, key)
-        have = OmegaConf.select(saved, key)
-        want = OmegaConf.to_container(want, resolve=True) if isinstance(want, DictConfig) else want
-        have = OmegaConf.to_container(have, resolve=True) if isinstance(have, DictConfig) else have
-        if want != have:
-            raise ConfigError(
-                f"checkpoint {path} was trained with {key}={have}, but this run asks for {key}={want}; "
-                "resume with the same settings or start a fresh run (ckpt_path=null)"
-            )
+def run_identity(cfg: DictConfig | dict, tokens_sha256: str | None) -> dict[str, Any]:
+    """What a checkpoint must share with the run that resumes it: the scheme,
+    the model, the objective and the data (corpus, vocabulary and the checksum
+    of its tokens, which changes with the files and with the tokenizer)."""
+    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    identity = {key: _plain(OmegaConf.select(cfg, key)) for key in IDENTITY_KEYS}
+    identity["data.tokens_sha256"] = tokens_sha256
+    return tracking.flatten(identity)
 
 
-def resolve_resume(cfg: DictConfig) -> tuple[Path | None, dict]:
-    """(checkpoint to resume from, run.json of the run that wrote it), checked."""
+#: settings a checkpoint must share with the run that resumes it (plus the token checksum)
+IDENTITY_KEYS = ("encoding", "model", "task.objective", "data.corpus.name", "data.vocab_size")
+
+
+def identity_differences(have: dict, want: dict) -> list[str]:
+    """``key: X in the checkpoint, Y now`` for every setting that differs."""
+    out = []
+    other_scheme = have.get("encoding.name") != want.get("encoding.name")
+    for key in sorted(set(have) | set(want)):
+        if other_scheme and key.startswith("encoding.") and key != "encoding.name":
+            continue  # another scheme: its settings differ too, the name says enough
+        if have.get(key) != want.get(key):
+            shown = [("not recorded" if v is None else v) for v in (have.get(key), want.get(key))]
+            if key == "data.tokens_sha256":
+                shown = [v if v == "not recorded" else str(v)[:12] for v in shown]
+                key = "data (token checksum: other files or another tokenizer)"
+            out.append(f"{key}: {shown[0]} in the checkpoint, {shown[1]} now")
+    return out
+
+
+def checkpoint_identity(state: dict) -> dict:
+    """The identity a checkpoint was trained with (older checkpoints lack the token checksum)."""
+    hp = state.get("hyper_parameters", {})
+    if hp.get("identity"):
+        return dict(hp["identity"])
+    return run_identity(hp.get("cfg", {}), None)
+
+
+def earlier_runs(output_dir: str | Path) -> list[tuple[Path, dict]]:
+    """(``last.ckpt``, ``run.json``) of every run under ``output_dir`` that has one, newest first."""
+    found = []
+    for meta in Path(output_dir).glob("**/run.json"):
+        ckpt = meta.parent / "checkpoints" / "last.ckpt"
+        if ckpt.exists():
+            found.append((ckpt, json.loads(meta.read_text())))
+    return sorted(found, key=lambda item: item[0].stat().st_mtime, reverse=True)
+
+
+def _fitting_runs(runs: list[tuple[Path, dict]], want: dict) -> str:
+    fits = [f"{ckpt.parent.parent} ({info.get('run_name')})" for ckpt, info in runs if info.get("identity") == want]
+    if fits:
+        return "runs that fit these settings: " + ", ".join(fits[:3])
+    return "no earlier run fits these settings: start a fresh run (ckpt_path=null)"
+
+
+def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
+    """(checkpoint to resume from, run.json of the run that wrote it), checked
+    against ``want`` (this run's identity) before anything is written.
+
+    ``ckpt_path=last`` takes the newest run with this run name whose checkpoint
+    has the same identity; a refusal names what differs and which runs would fit.
+    """
     if cfg.ckpt_path in (None, ""):
         return None, {}
-    ckpt = find_last_checkpoint(cfg) if cfg.ckpt_path == "last" else Path(cfg.ckpt_path)
-    state = load_checkpoint(ckpt)
-    check_compatible(cfg, state.get("hyper_parameters", {}).get("cfg", {}), ckpt)
+    runs = earlier_runs(cfg.paths.output_dir)
+    if cfg.ckpt_path == "last":
+        named = [(c, info) for c, info in runs if info.get("run_name") == cfg.run_name]
+        if not named:
+            raise ConfigError(
+                f"ckpt_path=last: no run named {cfg.run_name!r} with a last.ckpt under {cfg.paths.output_dir}; "
+                "give ckpt_path=<path to a .ckpt> or start a fresh run (ckpt_path=null)"
+            )
+        first_diff = None
+        for ckpt, _ in named:
+            diff = identity_differences(checkpoint_identity(load_checkpoint(ckpt)), want)
+            if not diff:
+                break
+            first_diff = first_diff or (ckpt, diff)
+        else:
+            ckpt, diff = first_diff
+            raise ConfigError(
+                f"ckpt_path=last: no run named {cfg.run_name!r} fits this run; the newest, "
+                f"{ckpt.parent.parent}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
+            )
+    else:
+        ckpt = Path(cfg.ckpt_path)
+        diff = identity_differences(checkpoint_identity(load_checkpoint(ckpt)), want)
+        if diff:
+            raise ConfigError(
+                f"checkpoint {ckpt} does not fit this run: {'; '.join(diff)}; {_fitting_runs(runs, want)}"
+            )
     meta = ckpt.parent.parent / "run.json"
     return ckpt, (json.loads(meta.read_text()) if meta.exists() else {})
 
@@ -136,25 +197,53 @@ def build_logger(cfg: DictConfig, run_id: str | None):
     return instantiate(cfg.logger, **kw)
 
 
-@rank_zero_only
-def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, data_provenance: dict) -> None:
-    """Params (once), tags and parameter counts of a new run."""
-    exp, run_id = logger.experiment, logger.run_id
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    if not resumed:
-        params = {k: str(v)[:6000] for k, v in tracking.flatten(resolved).items()}
-        logger.log_hyperparams(params)
+#: settings a resumed run may change; logged as tags (which follow the run), not as params
+RESUMABLE_KEYS = ("trainer.max_steps", "ckpt_path")
+
+
+def describe(cfg: DictConfig, overrides: str) -> str:
+    """One paragraph that tells a run apart in the MLflow run list."""
+    m, d = cfg.model, cfg.data
+    return (
+        f"{cfg.encoding.name} on {d.corpus.name} (vocabulary {d.vocab_size}, {d.seq_len}-token windows), "
+        f"{cfg.task.name}, model d={m.d_model} x {m.n_layers} layers x {m.n_heads} heads, "
+        f"{cfg.trainer.max_steps} steps of {d.batch_size}, seed {cfg.seed}. Overrides: {overrides or '(none)'}"
+    )
+
+
+def _overrides() -> str:
     try:
-        overrides = " ".join(HydraConfig.get().overrides.task)
+        return " ".join(HydraConfig.get().overrides.task)
     except ValueError:
-        overrides = ""
-    tags = {"encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
-            "overrides": overrides or "(none)", **tracking.git_state(cfg.paths.root),
-            **tracking.library_versions(), **data_provenance}
+        return ""
+
+
+@rank_zero_only
+def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prepared) -> None:
+    """Params, tags, description and dataset of a new run; on a resume only
+    what a resume may change (the step budget and its own overrides), so the
+    earlier run's record stays as it was."""
+    exp, run_id = logger.experiment, logger.run_id
+    overrides = _overrides()
+    tags = {"trainer.max_steps": str(cfg.trainer.max_steps)}
+    if resumed:
+        tags["resume_overrides"] = overrides or "(none)"
+    else:
+        resolved = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams({k: str(v)[:6000] for k, v in resolved.items() if k not in RESUMABLE_KEYS})
+        meta = prepared.meta
+        tags.update({
+            "encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
+            "overrides": overrides or "(none)", "mlflow.note.content": describe(cfg, overrides),
+            "data_source": meta["source"], "data_root": str(meta.get("root")),
+            "data_tokens_sha256": meta["tokens_sha256"], "data_cache": prepared.directory.name,
+            **tracking.git_state(cfg.paths.root), **tracking.library_versions(),
+        })
+        tracking.log_dataset(exp, run_id, cfg.data.corpus.name, meta)
+        counts = module.model.num_parameters()
+        logger.log_metrics({"params/total": counts["total"], "params/positional": counts["positional"]}, step=0)
     for k, v in tags.items():
         exp.set_tag(run_id, k, v)
-    counts = module.model.num_parameters()
-    logger.log_metrics({"params/total": counts["total"], "params/positional": counts["positional"]}, step=0)
 
 
 @rank_zero_only
@@ -172,15 +261,18 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     """Train one model as ``cfg`` says; returns the final callback metrics.
 
     ``out_dir``: the run folder (default: Hydra's output folder, or a fresh one
-    under ``paths.output_dir`` when called through the compose API).
+    under ``paths.output_dir`` when called through the compose API). Every
+    check that can refuse the run (settings, data, the checkpoint to resume)
+    comes before anything is written; a refusal raises ``ConfigError`` or
+    ``DataError``.
     """
     check_config(cfg)
-    ckpt, resumed_meta = resolve_resume(cfg)
-    L.seed_everything(cfg.seed, workers=True)
-
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()  # errors about data surface here, before any run exists
-    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size)
+    identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
+    ckpt, resumed_meta = resolve_resume(cfg, identity)
+    L.seed_everything(cfg.seed, workers=True)
+    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
 
     if ckpt:
         out_dir = Path(ckpt).parent.parent
@@ -198,22 +290,33 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         save_top_k=1,
         save_last=True,
     )
-    callbacks = [checkpoint, GracefulInterrupt(out_dir / "checkpoints")]
+    callbacks = [checkpoint, GracefulInterrupt(out_dir / "checkpoints"), ValidateAtEnd()]
+    if logger is not None:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    quiet_lightning_tips()
+    # trainer.deterministic selects deterministic kernels; torch then also fills
+    # every new tensor with NaN (a debugging aid that changes no result and
+    # costs a fifth of a CPU step here), which is switched off
+    torch.utils.deterministic.fill_uninitialized_memory = False
     trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=callbacks)
     run_id = None
     try:
         if logger is not None:
             run_id = logger.run_id
-            meta = datamodule.prepared.meta
-            provenance = {"data_source": meta["source"], "data_root": str(meta.get("root")),
-                          "data_tokens_sha256": meta["tokens_sha256"], "data_cache": datamodule.prepared.directory.name}
-            log_run_start(logger, cfg, module, resumed=bool(ckpt), data_provenance=provenance)
+            log_run_start(logger, cfg, module, resumed=bool(ckpt), prepared=datamodule.prepared)
         if trainer.is_global_zero:
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-            meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name}
+            meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name,
+                    "identity": identity}
             write_json_atomic(out_dir / "run.json", meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if cfg.get("test_at_end", False):  # the final weights on the test split
+            (scores,) = trainer.test(module, datamodule=datamodule, verbose=False)
+            metrics.update({k: float(v) for k, v in scores.items()})
         if logger is not None:
             log_run_end(
                 logger, out_dir, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
@@ -224,12 +327,13 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             interrupted = isinstance(e, (SIGTERMException, KeyboardInterrupt))
             tracking.end_run(cfg.logger.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
         raise
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
         write_json_atomic(out_dir / "metrics.json", {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
                                                      "task": cfg.task.name, "seed": cfg.seed, **metrics})
         log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
+        if logger is not None:
+            log.info("%s", tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
     return metrics
 
 
@@ -239,11 +343,69 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def refuse(error: Exception) -> None:
+    """A refused run: one line naming the setting and the fix, no traceback,
+    and Hydra's folder for this job removed when nothing but Hydra's own files
+    is in it (so refused runs leave no orphan run folders)."""
+    try:
+        job_dir = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        job_dir = None
+    if job_dir is not None and job_dir.is_dir():
+        if {p.name for p in job_dir.iterdir()} <= {".hydra", "train.log"}:
+            shutil.rmtree(job_dir, ignore_errors=True)
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    try:
+        metrics = train(cfg)
+    except (ConfigError, DataError) as e:
+        refuse(e)
     return metrics.get("val/loss")
 
 
-if __name__ == "__main__":
+def misspelt_key(overrides: list[str]) -> str | None:
+    """For ``trainer.max_step=10``: a one-line message with the closest real
+    setting; ``None`` when the overrides compose (Hydra reports other errors)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    plain = [o for o in overrides if "=" in o and not o.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            compose("train", overrides=plain)
+            return None
+    except HydraException as e:
+        found = re.search(r"Could not override '([^']+)'", str(e))
+        if not found or "not in struct" not in str(e.__cause__):
+            return None
+        key = found.group(1)
+        try:
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+                base = compose("train", overrides=[o for o in plain if o.split("=", 1)[0] != key])
+        except HydraException:
+            return None
+        keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+        value = next(o.split("=", 1)[1] for o in plain if o.split("=", 1)[0] == key)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"error: {key} is not a setting; {hint}(to add a new key, write +{key}={value})"
+
+
+def cli() -> None:
+    """``python train.py``: a misspelt setting stops with a one-line hint
+    before Hydra creates a run folder; everything else goes to ``main``."""
+    args = sys.argv[1:]
+    if not any(a.startswith("-") for a in args):  # a single run (sweeps and flags: Hydra reports)
+        message = misspelt_key(args)
+        if message:
+            print(message, file=sys.stderr)
+            sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

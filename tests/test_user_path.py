@@ -1,0 +1,166 @@
+"""A new user's path through runs: refused resumes and settings leave nothing
+changed, own data reads only its folder, short runs validate, runs tell
+themselves apart in MLflow, and the console says what it should."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from posenc.data import DataError
+from posenc.tracking import find_runs
+from posenc.train import ConfigError, train
+
+from .conftest import REPO, cli_env, cli_overrides
+
+
+def runs_of(root):
+    return find_runs(f"sqlite:///{root}/mlflow.db", "posenc")
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file below ``folder`` with the hash of its contents."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def two_folders(tmp_path, data_root):
+    """Two folders of own text with the same (byte) vocabulary and different contents."""
+    a, b = tmp_path / "books-a", tmp_path / "books-b"
+    a.mkdir()
+    b.mkdir()
+    (a / "a.txt").write_text((data_root / "tinyshakespeare" / "input.txt").read_text()[:200_000])
+    (b / "b.txt").write_text((data_root / "gutenberg" / "carroll-alice.txt").read_text()[:200_000])
+    return a, b
+
+
+OWN = ["data=text", "data.vocab_size=260", "trainer.max_steps=4", "trainer.val_check_interval=2"]
+
+
+def test_refused_resume_on_other_data_leaves_the_earlier_run_as_it_was(make_cfg, tmp_path, two_folders):
+    a, b = two_folders
+    train(make_cfg(*OWN, f"data.corpus.root={a}"))
+    (run_dir,) = [p.parent for p in (tmp_path / "outputs").glob("**/run.json")]
+    files, (before,) = snapshot(run_dir), runs_of(tmp_path)
+
+    with pytest.raises(ConfigError, match="token checksum") as err:
+        train(make_cfg(*OWN, f"data.corpus.root={b}", "trainer.max_steps=8", "ckpt_path=last"))
+    assert "no earlier run fits" in str(err.value)
+    assert snapshot(run_dir) == files
+    (after,) = runs_of(tmp_path)
+    assert after.info.status == "FINISHED" == before.info.status
+    assert after.data.tags == before.data.tags and after.data.params == before.data.params
+
+    # another scheme: the message names the run that would fit
+    with pytest.raises(ConfigError, match=r"encoding.name: .*rope.* in the checkpoint, alibi now") as err:
+        train(make_cfg(*OWN, f"data.corpus.root={a}", "encoding=alibi", f"ckpt_path={run_dir}/checkpoints/last.ckpt"))
+    assert f"runs that fit these settings: {run_dir}" not in str(err.value)  # it is rope: none fits alibi
+    assert snapshot(run_dir) == files
+
+    # the same data resumes, and the run's record follows the new step budget
+    resumed = train(make_cfg(*OWN, f"data.corpus.root={a}", "trainer.max_steps=8", "ckpt_path=last"))
+    assert resumed["global_step"] == 8
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.tags["trainer.max_steps"] == "8"
+    assert "trainer.max_steps" not in run.data.params
+    assert run.data.tags["data_root"] == before.data.tags["data_root"]
+
+
+def test_wrong_folder_names_the_run_that_fits(make_cfg, tmp_path, two_folders):
+    a, _ = two_folders
+    train(make_cfg(*OWN, f"data.corpus.root={a}", "run_name=mine"))
+    (run_dir,) = [p.parent for p in (tmp_path / "outputs").glob("**/run.json")]
+    train(make_cfg(*OWN, f"data.corpus.root={a}", "encoding=alibi", "run_name=other"))
+    other = [p for p in (tmp_path / "outputs").glob("**/checkpoints/last.ckpt") if p.parent.parent != run_dir][0]
+    with pytest.raises(ConfigError, match=f"runs that fit these settings: {run_dir} \\(mine\\)"):
+        train(make_cfg(*OWN, f"data.corpus.root={a}", f"ckpt_path={other}"))
+
+
+def test_own_data_needs_its_folder(make_cfg, tmp_path):
+    cfg = make_cfg("data=text")
+    assert cfg.data.corpus.root is None  # not the data directory of the other corpora
+    with pytest.raises(DataError, match=r"data.corpus.root=<folder of .txt files>"):
+        train(cfg)
+    assert runs_of(tmp_path) == [] and not (tmp_path / "outputs").exists()
+
+
+def test_short_run_validates_at_its_end_logs_lr_and_test(make_cfg, tmp_path):
+    metrics = train(make_cfg("trainer.max_steps=6", "trainer.val_check_interval=200", "test_at_end=true"))
+    assert metrics["global_step"] == 6
+    assert {"val/loss", "val/ppl", "test/loss", "test/ppl"} <= set(metrics)
+    (run,) = runs_of(tmp_path)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 1  # once, at the end
+    assert "test/ppl" in run.data.metrics
+    lr = [k for k in run.data.metrics if k.startswith("lr")]
+    assert lr and client.get_metric_history(run.info.run_id, lr[0])
+    assert list(tmp_path.glob("outputs/runs/*/checkpoints/best-step=6.ckpt"))
+
+
+def test_runs_tell_themselves_apart(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=2"))
+    train(make_cfg("trainer.max_steps=2", "data=wikitext2", "data.vocab_size=260"))
+    runs = runs_of(tmp_path)
+    assert sorted(r.info.run_name for r in runs) == ["rope-lm-tinyshakespeare-s0", "rope-lm-wikitext2-s0"]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    # the UI opens the experiment on its runs ("Model training"), not on GenAI traces
+    assert client.get_experiment(runs[0].info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    for r in runs:
+        (inp,) = client.get_run(r.info.run_id).inputs.dataset_inputs
+        assert inp.dataset.name == r.data.tags["data"]
+        assert inp.dataset.digest == r.data.tags["data_tokens_sha256"][:12]
+        note = r.data.tags["mlflow.note.content"]
+        assert f"on {r.data.tags['data']}" in note and "d=32 x 2 layers" in note
+
+
+def _cli(tmp_path, data_root, cache_dir, *args):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path,
+                          env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("bad, setting", [
+    ("data.seq_len=-5", "data.seq_len"),
+    ("ckpt_path=last", "ckpt_path=last"),
+    ("paths.data_dir=/no/such/folder", "paths.data_dir"),
+    ("encoding.scheme.fraction=0.3", "encoding.scheme.fraction"),
+])
+def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, cache_dir, bad, setting):
+    r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr + r.stdout
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and setting in errors[0], r.stderr[-2000:]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no run folder, no MLflow store
+
+
+def test_misspelt_setting_gets_the_closest_one(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, "trainer.max_step=10")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: trainer.max_step is not a setting; did you mean trainer.max_steps? "
+        "(to add a new key, write +trainer.max_step=10)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_console_says_steps_and_where_the_run_is(tmp_path, data_root, cache_dir):
+    args = [o for o in cli_overrides(cache_dir) if not o.startswith("trainer.enable_")]
+    r = _cli(tmp_path, data_root, cache_dir, *args, "trainer.max_steps=4", "trainer.val_check_interval=2")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "litlogger" not in out and "Epoch 0/-" not in out
+    assert "step" in out and "4/4" in out  # the bar counts optimiser steps of the run
+    flops = [line for line in out.splitlines() if "Total FLOPs" in line]
+    assert flops and not flops[0].rstrip().endswith(" 0"), flops
+    (run,) = runs_of(tmp_path)
+    assert f"#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out
+    assert "mlflow ui --backend-store-uri sqlite:///" in out
+    meta = json.loads(next((tmp_path / "outputs").glob("**/run.json")).read_text())
+    assert meta["identity"]["data.corpus.name"] == "tinyshakespeare"
