@@ -3,6 +3,7 @@ repro with nothing changed runs nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,7 +37,9 @@ REDUCED = {
 
 
 def _copy_project(dst: Path) -> None:
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    """The working tree as it is (tracked files and new ones git does not ignore), less results."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         if (REPO / f).is_file() and not f.startswith(("results/", "figures/")):
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +54,40 @@ def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=1800)
+
+
+def _check_study_run(root: Path) -> None:
+    """The publish stage: the figures and tables are artifacts of the study run, read
+    back through the MLflow API, and every training run links to that run."""
+    import mlflow
+
+    study = json.loads((root / "results/mlflow_study.json").read_text())
+    assert study["tracking_uri"] == "sqlite:///mlflow.db"
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    run = client.get_run(study["run_id"])
+    sha = hashlib.sha256((root / "params.yaml").read_bytes()).hexdigest()
+    assert run.info.run_name == f"study-{sha[:8]}" == study["run_name"] and run.info.status == "FINISHED"
+    assert run.data.tags["params_sha256"] == sha and "dvc repro" in run.data.tags["mlflow.note.content"]
+
+    def listed(path: str) -> set[str]:
+        return {a.path for a in client.list_artifacts(study["run_id"], path)}
+
+    assert {"figures/extrapolation.png", "figures/extrapolation.svg", "figures/lm_table.md", "figures/mlm_table.md",
+            "figures/correlations_table.md", "figures/correlations", "figures/pretrained",
+            "figures/bench"} <= listed("figures")
+    assert {"results/lm_table.json", "results/mlm_table.json", "results/correlations.json",
+            "results/timing.json"} <= listed("results")
+    heatmaps = {p.name for p in (root / "figures/correlations").iterdir()}
+    assert {Path(p).name for p in listed("figures/correlations")} == heatmaps and "overview.png" in heatmaps
+    assert "bench.png" in {Path(p).name for p in listed("figures/bench")}
+
+    metas = sorted(root.glob("runs/*/*/run.json"))  # runs/<scheme>/<task>-s<seed>/run.json
+    assert len(metas) == 2 * 2 + 2 * 2 + 2 and study["linked_runs"] == len(metas)
+    for meta in metas:
+        tags = client.get_run(json.loads(meta.read_text())["mlflow_run_id"]).data.tags
+        assert tags["study_run_id"] == study["run_id"], meta
+        if meta.parent.name.startswith("lm-"):  # extrapolation metrics: step = evaluation length
+            assert tags["extrapolation.step"].startswith("evaluation length"), meta
 
 
 @pytest.mark.slow
@@ -77,8 +114,10 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert labels == {"none (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
     assert len(corr["models"]) == 6
     assert corr["schemes"]["alibi (mlm)"]["terms"]["position-position"]["n"] == 2
+    drawn = [json.loads((tmp_path / f"runs/{r}-s0/run.json").read_text())["run_name"]  # figures named by run
+             for r in ("none/mlm", "alibi/mlm", "xpos/lm")]
     assert {p.name for p in (tmp_path / "figures/correlations").glob("*.png")} == {
-        f"{s}-s0{h}.png" for s in ("none-mlm", "alibi-mlm", "xpos-lm") for h in ("", "_heads")} | {"overview.png"}
+        f"{name}{h}.png" for name in drawn for h in ("", "_heads")} | {"overview.png"}
     assert list((tmp_path / "figures/pretrained").glob("*.png"))
     table = json.loads((tmp_path / "results/mlm_table.json").read_text())
     assert set(table["summary"]) == {"none", "alibi"} and table["summary"]["alibi"]["n"] == 2
@@ -89,8 +128,9 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2
     # committed results name no absolute path of the machine that made them
     for f in ("results/prepare.json", "results/correlations.json", "results/extrapolation.csv",
-              "results/runs/alibi.json", "results/pretrained_minilm.json"):
+              "results/runs/alibi.json", "results/pretrained_minilm.json", "results/mlflow_study.json"):
         assert str(tmp_path) not in (tmp_path / f).read_text(), f
+    _check_study_run(tmp_path)
 
     second = _dvc(tmp_path, "repro")
     assert second.returncode == 0, second.stderr[-3000:]

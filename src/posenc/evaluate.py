@@ -63,6 +63,9 @@ METHODS = ("nonoverlapping", "sliding")
 DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 65536
 DEFAULT_TOKEN_BUDGET = 8192
+#: tag on every run with extrapolation metrics: their MLflow step is not a training
+#: step but the evaluation length (tokens per window)
+STEP_TAG = ("extrapolation.step", "evaluation length in tokens (metric extrapolation/ppl_<method>)")
 COLUMNS = (
     "scheme", "seed", "train_len", "eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note",
     "corpus", "split", "run_id", "checkpoint",
@@ -431,7 +434,8 @@ def log_to_mlflow(
     rows: Sequence[dict], run_id: str, tracking_uri: str, files: Sequence[Path] = (), tags: dict | None = None
 ) -> None:
     """Metric ``extrapolation/ppl_<method>`` at step = evaluation length (applicable rows
-    only), tags with the settings, and the results files as artifacts under ``extrapolation/``."""
+    only; the tag ``STEP_TAG`` says so on the run), tags with the settings, and the
+    results files as artifacts under ``extrapolation/``."""
     import mlflow
     from mlflow.entities import Metric
 
@@ -443,7 +447,7 @@ def log_to_mlflow(
         if r.get("ppl") is not None and math.isfinite(r["ppl"])
     ]
     client.log_batch(run_id, metrics=metrics)
-    for k, v in (tags or {}).items():
+    for k, v in {STEP_TAG[0]: STEP_TAG[1], **(tags or {})}.items():
         client.set_tag(run_id, k, str(v))
     for f in files:
         client.log_artifact(run_id, str(f), artifact_path="extrapolation")
