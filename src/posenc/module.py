@@ -55,7 +55,6 @@ class LMModule(L.LightningModule):
         self.model = build_model(self.cfg, vocab_size)
         # one window: Lightning's model summary counts FLOPs with it
         self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
-        self.train_ppl = Perplexity(ignore_index=IGNORE)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
         self.is_mlm = self.cfg.task.objective == "mlm"
@@ -67,7 +66,7 @@ class LMModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def _step(self, batch, metric: Perplexity, stage: str):
+    def _step(self, batch, metric: Perplexity | None, stage: str):
         x, y = batch
         logits = self.model(x).float()  # (B, T, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
@@ -76,18 +75,21 @@ class LMModule(L.LightningModule):
                 f"non-finite {stage} loss {loss.item()} at step {self.global_step} "
                 f"with encoding={self.cfg.encoding.name}"
             )
+        if stage == "train":  # one batch: its perplexity is exp(loss), no metric state needed
+            self.log("train/loss", loss, on_step=True, prog_bar=True)
+            self.log("train/ppl", loss.detach().exp(), on_step=True)
+            return loss
         metric(logits.detach(), y)
-        on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=True, sync_dist=not on_step)
-        self.log(f"{stage}/ppl", metric, on_step=on_step, on_epoch=not on_step, prog_bar=stage != "train")
-        if self.is_mlm and stage != "train":
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log(f"{stage}/ppl", metric, on_epoch=True, prog_bar=True)
+        if self.is_mlm:
             acc = self.val_acc if stage == "val" else self.test_acc
             acc(logits.detach().flatten(0, 1), y.flatten())
             self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True)
         return loss
 
     def training_step(self, batch, batch_idx):
-        return self._step(batch, self.train_ppl, "train")
+        return self._step(batch, None, "train")
 
     def validation_step(self, batch, batch_idx):
         self._step(batch, self.val_ppl, "val")

@@ -242,8 +242,9 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
         tracking.log_dataset(exp, run_id, cfg.data.corpus.name, meta)
         counts = module.model.num_parameters()
         logger.log_metrics({"params/total": counts["total"], "params/positional": counts["positional"]}, step=0)
-    for k, v in tags.items():
-        exp.set_tag(run_id, k, v)
+    from mlflow.entities import RunTag
+
+    exp.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])  # one transaction
 
 
 @rank_zero_only
@@ -297,10 +298,6 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     quiet_lightning_tips()
-    # trainer.deterministic selects deterministic kernels; torch then also fills
-    # every new tensor with NaN (a debugging aid that changes no result and
-    # costs a fifth of a CPU step here), which is switched off
-    torch.utils.deterministic.fill_uninitialized_memory = False
     trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=callbacks)
     run_id = None
     try:
