@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 
 from posenc.data import DataError
-from posenc.tracking import find_runs
 from posenc.train import ConfigError, train
 
-from .conftest import REPO, cli_env, cli_overrides
-
-
-def runs_of(root):
-    return find_runs(f"sqlite:///{root}/mlflow.db", "posenc")
+from .conftest import cli_overrides
+from .test_train import _cli, runs_of
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -118,11 +112,6 @@ def test_runs_tell_themselves_apart(make_cfg, tmp_path):
         assert inp.dataset.digest == r.data.tags["data_tokens_sha256"][:12]
         note = r.data.tags["mlflow.note.content"]
         assert f"on {r.data.tags['data']}" in note and "d=32 x 2 layers" in note
-
-
-def _cli(tmp_path, data_root, cache_dir, *args):
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path,
-                          env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("bad, setting", [
