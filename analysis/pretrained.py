@@ -46,18 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.evaluate import portable_path
+from posenc.files import portable_path, write_json
 
-from analysis.correlations import (
-    BAND_SCORE_DEFINITION,
-    DEFAULT_BAND_WIDTH,
-    TermAccumulator,
-    TermMaps,
-    plot_heads,
-    plot_terms,
-    print_table,
-    write_json,
-)
+from analysis.correlations import report
+from analysis.heatmaps import draw
+from analysis.terms import DEFAULT_BAND_WIDTH, TermAccumulator, TermMaps, summary_document
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PREFIX = "embeddings."
@@ -274,26 +267,14 @@ def run(
         "seed": seed,
     }
     maps = minilm_term_maps(layer, ids, **meta)
-    out_dir = Path(out_dir)
     stem = "minilm_l6_v2"
-    figs = plot_terms(
-        maps,
-        out_dir / stem,
-        band_width,
-        title=f"{MODEL_NAME}, layer 1: attention logits by term (cf. Ke et al. 2020, Fig. 2)",
-    )
-    if heads:
-        figs += plot_heads(maps, out_dir / f"{stem}_heads", band_width)
+    title = f"{MODEL_NAME}, layer 1: attention logits by term (cf. Ke et al. 2020, Fig. 2)"
+    figs = draw(maps, out_dir, stem, band_width, heads, title)
     summary = maps.summary(band_width)
     summary["figures"] = [str(p) for p in figs]
     summary["split"] = CAPTION
-    result = {
-        "figure": "Ke, He & Liu 2020, Figure 2: first-layer logits split into word/position terms",
-        "band_score_definition": BAND_SCORE_DEFINITION,
-        "band_width": band_width,
-        "models": {stem: summary},
-    }
-    write_json(json_path, result)
+    result = summary_document({stem: summary}, band_width)
+    write_json(json_path, result, allow_nan=False)
     return result
 
 
@@ -312,16 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.n < 1 or a.length < 3:
         p.error("--n must be at least 1 and --length at least 3")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        result = run(
-            a.out_dir, a.json, a.n, a.length, a.band_width, a.data_dir, a.seed, a.model_dir, heads=not a.no_heads
-        )
-    except (FileNotFoundError, ValueError, ImportError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print_table(result["models"])
-    print(f"wrote {a.json} and figures under {a.out_dir}")
-    return 0
+    return report(
+        lambda: run(a.out_dir, a.json, a.n, a.length, a.band_width, a.data_dir, a.seed, a.model_dir, not a.no_heads),
+        a.json, a.out_dir, errors=(FileNotFoundError, ValueError, ImportError, KeyError),
+    )
 
 
 if __name__ == "__main__":

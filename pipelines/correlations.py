@@ -20,7 +20,7 @@ from pathlib import Path
 from analysis import correlations
 from posenc.encodings.base import TERM_NAMES
 
-from .common import write_atomic
+from posenc.files import write_text
 
 
 def checkpoints(runs_dir: str | Path) -> list[Path]:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = correlations.main(args + ["--out-dir", a.out_dir, "--json", a.json, "--batches", str(a.batches),
                                    "--draw-seed", str(a.draw_seed)])
     if rc == 0 and a.md:
-        write_atomic(a.md, band_markdown(json.loads(Path(a.json).read_text())["schemes"]))
+        write_text(a.md, band_markdown(json.loads(Path(a.json).read_text())["schemes"]))
     return rc
 
 

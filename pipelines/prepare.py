@@ -15,9 +15,9 @@ import os
 
 from hydra.utils import instantiate
 
-from posenc.evaluate import portable_path
+from posenc.files import portable_path, write_json
 
-from .common import compose_config, write_json
+from .common import compose_config
 
 
 def main(argv: list[str] | None = None) -> dict:

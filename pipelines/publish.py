@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlflow
     import yaml
 
-    from pipelines.common import write_json
+    from posenc.files import write_json
     from posenc.tracking import ensure_experiment, git_state
 
     raw = Path(a.params).read_bytes()

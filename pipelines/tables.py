@@ -31,7 +31,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from .common import write_atomic, write_json
+from posenc.files import write_json, write_text
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -193,10 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     out, md = Path(a.out_dir), Path(a.md_dir)
     lm = lm_table(a.extrapolation)
     write_json(out / "lm_table.json", lm)
-    write_atomic(md / "lm_table.md", lm_markdown(lm))
+    write_text(md / "lm_table.md", lm_markdown(lm))
     mlm = mlm_table(mlm_runs(a.runs), a.question, a.against)
     write_json(out / "mlm_table.json", mlm)
-    write_atomic(md / "mlm_table.md", mlm_markdown(mlm))
+    write_text(md / "mlm_table.md", mlm_markdown(mlm))
     write_json(out / "timing.json", timing(a.runs))
     print(lm_markdown(lm))
     print(mlm_markdown(mlm))

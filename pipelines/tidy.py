@@ -12,7 +12,7 @@ import argparse
 import csv
 import io
 
-from .common import write_atomic
+from posenc.files import write_text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)
-    write_atomic(a.out, buf.getvalue())
+    write_text(a.out, buf.getvalue())
 
 
 if __name__ == "__main__":

@@ -24,8 +24,12 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from analysis import correlations as corr
+from analysis import heatmaps
+from analysis import terms as term_stats
+from posenc.runs import load_module, run_data
 from posenc.encodings.base import TERM_NAMES
 from posenc.train import CONFIG_DIR, train
 
@@ -46,37 +50,37 @@ def test_band_score_and_distance_corr_on_synthetic_maps():
     i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
     dist = np.abs(i - j)
     band = (dist <= 2).astype(float)
-    assert corr.band_score(band, 2) > 1.5
-    assert corr.band_score(-band, 2) < -1.5
+    assert term_stats.band_score(band, 2) > 1.5
+    assert term_stats.band_score(-band, 2) < -1.5
     rng = np.random.default_rng(0)
     cols = np.broadcast_to(rng.normal(size=T), (T, T))  # depends on the key only: no band
-    assert abs(corr.band_score(cols, 2)) < 0.4 and abs(corr.distance_corr(cols)) < 0.2
-    assert corr.band_score(np.full((T, T), 3.0), 2) == 0.0 and corr.distance_corr(np.full((T, T), 3.0)) == 0.0
+    assert abs(term_stats.band_score(cols, 2)) < 0.4 and abs(term_stats.distance_corr(cols)) < 0.2
+    assert term_stats.band_score(np.full((T, T), 3.0), 2) == 0.0 and term_stats.distance_corr(np.full((T, T), 3.0)) == 0.0
     # ALiBi-like: linear in distance
-    assert corr.distance_corr(-0.5 * dist) == pytest.approx(1.0)
+    assert term_stats.distance_corr(-0.5 * dist) == pytest.approx(1.0)
     # causal: the upper triangle is ignored entirely
     noisy_upper = np.where(j > i, 1e6 * rng.normal(size=(T, T)), -0.5 * dist)
-    assert corr.distance_corr(noisy_upper, causal=True) == pytest.approx(1.0)
-    assert corr.band_score(noisy_upper, 2, causal=True) == pytest.approx(corr.band_score(-0.5 * dist, 2, causal=True))
+    assert term_stats.distance_corr(noisy_upper, causal=True) == pytest.approx(1.0)
+    assert term_stats.band_score(noisy_upper, 2, causal=True) == pytest.approx(term_stats.band_score(-0.5 * dist, 2, causal=True))
     # a map that varies only with the query position
     rows = np.broadcast_to(rng.normal(size=(T, 1)), (T, T))
-    assert corr.query_only_share(rows) == pytest.approx(1.0) and corr.query_only_share(cols) < 0.1
+    assert term_stats.query_only_share(rows) == pytest.approx(1.0) and term_stats.query_only_share(cols) < 0.1
     # the definition, by hand
     m = rng.normal(size=(T, T))
     ref = (m[dist <= 3].mean() - m[dist > 3].mean()) / m.std()
-    assert corr.band_score(m, 3) == pytest.approx(ref)
+    assert term_stats.band_score(m, 3) == pytest.approx(ref)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_accumulator_means_and_moments(causal):
     g = torch.Generator().manual_seed(0)
     batches = [{WW: torch.randn(b, 2, 5, 5, generator=g), PP: torch.randn(b, 2, 5, 5, generator=g)} for b in (3, 4)]
-    acc = corr.TermAccumulator(causal)
+    acc = term_stats.TermAccumulator(causal)
     for t in batches:
         acc.add(t)
     maps = acc.result("x")
     assert maps.n_sequences == 7 and maps.present == [WW, PP] and (maps.n_heads, maps.length) == (2, 5)
-    used = corr.used_entries(5, causal)
+    used = term_stats.used_entries(5, causal)
     for name in (WW, PP):
         full = torch.cat([b[name] for b in batches]).double().numpy()
         np.testing.assert_allclose(maps.per_head[name], full.mean(0), atol=1e-12)
@@ -113,9 +117,11 @@ def checkpoints(tmp_path_factory, data_root, cache_dir):
 
 @pytest.mark.parametrize("enc", list(SCHEMES))
 def test_checkpoint_terms_sum_to_first_layer_logits(checkpoints, data_root, enc):
-    model, cfg = corr.load_checkpoint(checkpoints[enc])
+    module = load_module(checkpoints[enc])
+    model, cfg = module.model, OmegaConf.create(module.hparams["cfg"])
     assert not model.training and cfg.encoding.name == enc
-    (x,) = corr.validation_batches(cfg, 1, batch_size=3, data_dir=data_root, vocab_size=model.cfg.vocab_size)
+    dm = run_data(module.hparams["cfg"], data_root, vocab_size=model.cfg.vocab_size, eval_batch_size=3)
+    (x,) = term_stats.sample_batches(dm, 1)
     assert x.shape == (3, SEQ_LEN)
     if cfg.task.objective == "mlm":  # the model's own data: masked inputs after [CLS]
         assert (x[:, 0] == x[0, 0]).all()
@@ -134,7 +140,7 @@ def test_checkpoint_terms_sum_to_first_layer_logits(checkpoints, data_root, enc)
         q, k, _ = attn.project(seen["h"])
         ref = attn.logits(q, k, seen["pos"], seen["pos"])
     torch.testing.assert_close(sum(terms.values()), ref, atol=1e-4, rtol=1e-4)
-    maps = corr.model_term_maps(model, [x], enc)
+    maps = term_stats.model_term_maps(model, [x], enc)
     assert maps.causal == (cfg.task.name == "lm") and maps.n_sequences == 3
     torch.testing.assert_close(
         torch.from_numpy(sum(maps.per_head.values())), ref.mean(0).double(), atol=1e-4, rtol=1e-4
@@ -179,20 +185,20 @@ def test_correlation_cli_writes_figures_and_json(checkpoints, data_root, tmp_pat
 def test_absent_terms_are_empty_panels_and_heads_figure(tmp_path):
     import matplotlib.pyplot as plt
 
-    acc = corr.TermAccumulator(causal=True)
+    acc = term_stats.TermAccumulator(causal=True)
     acc.add({WW: torch.randn(2, 2, 8, 8), PP: torch.randn(2, 2, 8, 8)})
     maps = acc.result("demo")
     titles = []
     orig = plt.close
     try:  # keep the figure open to read its titles
         plt.close = lambda fig=None: titles.extend(a.get_title() for a in fig.axes)
-        paths = corr.plot_terms(maps, tmp_path / "demo")
+        paths = heatmaps.plot_terms(maps, tmp_path / "demo")
     finally:
         plt.close = orig
     assert [p.name for p in paths] == ["demo.png", "demo.svg"]
     assert sum("(absent)" in t for t in titles) == 2
     assert any(t.startswith("word-position") and "(absent)" in t for t in titles)
-    paths = corr.plot_heads(maps, tmp_path / "demo_heads")
+    paths = heatmaps.plot_heads(maps, tmp_path / "demo_heads")
     assert [p.name for p in paths] == ["demo_heads.png", "demo_heads.svg"] and all(p.stat().st_size for p in paths)
 
 

@@ -631,17 +631,22 @@ def test_recomputed_bias_backward_equals_autograd(name, causal, overrides, monke
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=lambda m, n=pname: f"{n}: {m}")
 
 
-def test_recomputed_bias_not_used_without_gradients_or_with_dropout():
+def test_route_of_a_call():
+    from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED
+
     model = tiny_model("t5_bias")
     attn, x, pos = model.blocks[0].attn, torch.randn(1, 4, D), torch.arange(4)
-    assert attn.recomputes_bias(x, pos)
-    assert not attn.recomputes_bias(x, torch.tensor([0, 1, 3, 4]))
+    assert attn.route(x, pos) == RECOMPUTED
+    assert attn.route(x, torch.tensor([0, 1, 3, 4])) == MASKED
     with torch.no_grad():
-        assert not attn.recomputes_bias(x, pos)
+        assert attn.route(x, pos) == MASKED
     attn.dropout = 0.1
-    assert not attn.train().recomputes_bias(x, pos)
-    assert attn.eval().recomputes_bias(x, pos)
-    assert not tiny_model("alibi").blocks[0].attn.recomputes_bias(x, pos)  # nothing to train
+    assert attn.train().route(x, pos) == MASKED
+    assert attn.eval().route(x, pos) == RECOMPUTED
+    assert tiny_model("alibi").blocks[0].attn.route(x, pos) == MASKED  # nothing to train
+    assert tiny_model("transformer_xl").blocks[0].attn.route(x, pos) == RECOMPUTED  # a content bias
+    assert tiny_model("rope").blocks[0].attn.route(x, pos) == FUSED
+    assert tiny_model("shaw").blocks[0].attn.route(x, pos) == PROBABILITIES
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 1), (5, 5), (3, 7), (7, 3)])

@@ -56,7 +56,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     rebuilt block by block from the block's queries and the keys, and autograd
     carries dS to q, k and the parameters. Nothing of size T^2 is kept between
     forward and backward beyond a shared position-only mask. Positions are
-    contiguous (``Attention.recomputes_bias``), so with causal attention a block
+    contiguous (``Attention.route``), so with causal attention a block
     of rows reads only the keys up to its last row. Checked against autograd
     through the plain formula in ``tests/test_encodings.py``.
     """
@@ -97,9 +97,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
                 with torch.enable_grad():
                     q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
                     b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
-                mb = b.detach()
-                if causal:
-                    mb = mb + causal_mask(pos[r0:r1], pos[:c1], mb.dtype)
+                mb = with_causal(b.detach(), pos[r0:r1], pos[:c1], causal)
             else:
                 mb = mask[..., r0:r1, :c1]
             p = torch.baddbmm(
@@ -137,12 +135,26 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         return (dq, dk, dv, None, None, None, None, None, *grads[: len(params)])
 
 
+#: how a layer computes attention (``Attention.route``): the fused kernel with no
+#: mask, the fused kernel with a float mask (bias + causal), the fused forward
+#: with the memory-light backward, or explicit probabilities for a value term
+FUSED, MASKED, RECOMPUTED, PROBABILITIES = "fused", "masked", "recomputed", "probabilities"
+
+
+def with_causal(bias: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:
+    """The float mask attention takes: ``bias`` plus, for causal attention, the causal mask."""
+    return bias + causal_mask(q_pos, k_pos, bias.dtype) if causal else bias
+
+
 class Attention(nn.Module):
     """Pre-projection multi-head attention; positions enter only through ``scheme``.
 
-    Without a bias or value term it calls ``scaled_dot_product_attention`` with
-    ``is_causal`` and no mask; with a bias the bias (plus the causal mask) goes
-    in as a float mask; with a value term it computes the probabilities itself.
+    How a call computes attention is its route (``route``), decided once per
+    forward by the model for all layers: ``fused`` (no bias: the fused kernel,
+    ``is_causal``), ``masked`` (the bias plus the causal mask as a float mask),
+    ``recomputed`` (as masked, but the mask carries no graph and the backward
+    recomputes it, ``_RecomputedBiasAttention``) and ``probabilities`` (a value
+    term needs the attention probabilities).
     """
 
     def __init__(self, d_model: int, n_heads: int, scheme: PositionalScheme, causal: bool, dropout: float = 0.0):
@@ -167,79 +179,77 @@ class Attention(nn.Module):
         b = self.scheme.bias(q, k, q_pos, k_pos)
         return att if b is None else att + b
 
-    def recomputes_bias(self, x: Tensor, pos: Tensor) -> bool:
-        """Whether this call takes ``_RecomputedBiasAttention``: a bias without a
-        value term (position-only ones only with trainable parameters: a fixed
-        one keeps the fused kernel in the backward too), contiguous positions,
-        on CPU (CUDA's fused kernels take a mask that requires grad themselves),
-        gradients on, no attention dropout."""
+    def route(self, x: Tensor, pos: Tensor) -> str:
+        """The route of a call with input ``x`` at positions ``pos``. ``recomputed``
+        needs a bias without a value term (a position-only one only with trainable
+        parameters: a fixed one keeps the fused kernel in the backward too),
+        contiguous positions, CPU (CUDA's fused kernels take a mask that requires
+        grad themselves), gradients on and no attention dropout."""
         sch = self.scheme
-        return (
-            sch.has_bias
-            and not sch.uses_value_term
-            and x.device.type == "cpu"
+        if sch.uses_value_term:
+            return PROBABILITIES
+        if not sch.has_bias:
+            return FUSED
+        recompute = (
+            x.device.type == "cpu"
             and torch.is_grad_enabled()
             and not (self.training and self.dropout > 0)
             and (not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
             and is_contiguous(pos)
         )
+        return RECOMPUTED if recompute else MASKED
 
-    def position_mask(self, pos: Tensor, dtype: torch.dtype, x: Tensor | None = None) -> Tensor:
-        """Float attention mask of a position-only bias scheme, causal mask included.
+    def position_mask(self, pos: Tensor, dtype: torch.dtype, route: str = MASKED) -> Tensor:
+        """Float attention mask of a position-only bias scheme, causal mask included
+        (the model builds it once per forward for the layers that share a scheme);
+        without a graph on the ``recomputed`` route."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):
+            return with_causal(self.scheme.position_bias(pos).to(dtype), pos, pos, self.causal)
 
-        Built without a graph when the call with input ``x`` recomputes the bias
-        in its backward."""
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not (x is not None and self.recomputes_bias(x, pos))):
-            mask = self.scheme.position_bias(pos).to(dtype)
-            return mask + causal_mask(pos, pos, dtype) if self.causal else mask
-
-    def forward(self, h: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
-        """h (B, T, D) at positions pos (T,). ``mask``: a precomputed ``position_mask``
-        (the model shares it between layers that share a scheme)."""
+    def forward(self, h: Tensor, pos: Tensor, route: str | None = None, mask: Tensor | None = None) -> Tensor:
+        """h (B, T, D) at positions pos (T,). ``route`` and ``mask`` (a ``position_mask``)
+        come from the model; a layer called alone decides them itself."""
         B, T, D = h.shape
+        route = route or self.route(h, pos)
         q, k, v = self.project(h)
-        sch = self.scheme
-        drop = self.dropout if self.training else 0.0
-        if mask is None and sch.position_only_bias:
-            mask = self.position_mask(pos, q.dtype, h)
-        if mask is not None:
-            q, k = sch.rotate(q, k, pos, pos)
-            if self.recomputes_bias(h, pos):
-                params = [p for p in sch.parameters() if p.requires_grad]
-                y = _RecomputedBiasAttention.apply(
-                    q, k, v, mask.detach().to(q.dtype), pos, sch, self.causal, sch.logit_scale(), *params
-                )
-            else:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask.to(q.dtype), dropout_p=drop, scale=sch.logit_scale()
-                )
-        elif sch.uses_value_term:
-            att = self.logits(q, k, pos, pos)
-            if self.causal:
-                att = att + causal_mask(pos, pos, att.dtype)
-            probs = F.dropout(att.softmax(-1), drop, self.training)
-            y = probs @ v + sch.value_term(probs, pos, pos)
+        if route == PROBABILITIES:
+            y = self._probabilities(q, k, v, pos)
         else:
-            q, k = sch.rotate(q, k, pos, pos)
-            if self.recomputes_bias(h, pos):  # a content bias: the mask is built without a graph
-                with torch.no_grad():
-                    mask = sch.bias(q, k, pos, pos).to(q.dtype)
-                    if self.causal:
-                        mask = mask + causal_mask(pos, pos, q.dtype)
-                params = [p for p in sch.parameters() if p.requires_grad]
-                y = _RecomputedBiasAttention.apply(q, k, v, mask, pos, sch, self.causal, sch.logit_scale(), *params)
-                return self.out(y.transpose(1, 2).reshape(B, T, D))
-            b = sch.bias(q, k, pos, pos)
-            if b is None:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, dropout_p=drop, is_causal=self.causal, scale=sch.logit_scale()
-                )
+            q, k = self.scheme.rotate(q, k, pos, pos)
+            if route == FUSED:
+                y = self._sdpa(q, k, v, is_causal=self.causal)
+            elif route == MASKED:
+                y = self._sdpa(q, k, v, attn_mask=self._mask(q, k, pos, mask, route))
             else:
-                mask = b.to(q.dtype)
-                if self.causal:
-                    mask = mask + causal_mask(pos, pos, q.dtype)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=sch.logit_scale())
+                y = self._recomputed(q, k, v, pos, self._mask(q, k, pos, mask, route))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
+
+    def _mask(self, q: Tensor, k: Tensor, pos: Tensor, shared: Tensor | None, route: str) -> Tensor:
+        """The given shared mask, or this layer's bias plus the causal mask (a
+        content bias, or a position-only one when called alone)."""
+        if shared is not None:
+            return shared.to(q.dtype)
+        if self.scheme.position_only_bias:
+            return self.position_mask(pos, q.dtype, route)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):
+            return with_causal(self.scheme.bias(q, k, pos, pos).to(q.dtype), pos, pos, self.causal)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:
+        drop = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scheme.logit_scale(), **kw)
+
+    def _recomputed(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, mask: Tensor) -> Tensor:
+        params = [p for p in self.scheme.parameters() if p.requires_grad]
+        return _RecomputedBiasAttention.apply(
+            q, k, v, mask.detach(), pos, self.scheme, self.causal, self.scheme.logit_scale(), *params
+        )
+
+    def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> Tensor:
+        att = self.logits(q, k, pos, pos)
+        if self.causal:
+            att = att + causal_mask(pos, pos, att.dtype)
+        probs = F.dropout(att.softmax(-1), self.dropout if self.training else 0.0, self.training)
+        return probs @ v + self.scheme.value_term(probs, pos, pos)
 
     def terms(self, h_word: Tensor, h_posn: Tensor | None, pos: Tensor) -> dict[str, Tensor]:
         """Named logit terms for an input split as h = h_word + h_posn.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 import logging
 import os
@@ -27,15 +28,14 @@ import torch
 from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from .errors import DataError
+from .files import atomic, write_json
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 SPECIAL_TOKENS = ["<|endoftext|>", "[PAD]", "[CLS]", "[MASK]"]
 CACHE_VERSION = 2
-
-
-class DataError(ValueError):
-    """A problem with the data settings or files, worded for the user."""
 
 
 @dataclass
@@ -198,6 +198,13 @@ class PreparedData:
         return np.load(self.directory / f"{split}.npy", mmap_mode="r")
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` in the .npy format (``np.save`` to a path would append ".npy" to it)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def prepare(corpus: Corpus, cache_dir: str | os.PathLike, vocab_size: int, min_frequency: int = 2) -> PreparedData:
     """Train (or reuse) the tokenizer and token-id arrays of ``corpus``.
 
@@ -233,9 +240,7 @@ def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
     ds = corpus.load()
     train_text = ds["train"]["text"]
     tok = train_tokenizer((t for t in train_text), vocab_size, min_frequency)
-    tmp = directory / "tokenizer.json.tmp"
-    tok.save(str(tmp))
-    os.replace(tmp, directory / "tokenizer.json")
+    atomic(directory / "tokenizer.json", lambda tmp: tok.save(str(tmp)))
     tokenizer = load_tokenizer(directory / "tokenizer.json")
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 65536 else np.int32
     counts = {}
@@ -250,9 +255,7 @@ def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
         ids = np.fromiter((i for row in encoded["ids"] for i in row), dtype=dtype)
         if ids.size < 2:
             raise DataError(f"the {split} split of data={corpus.name} has fewer than 2 tokens")
-        with open(directory / f"{split}.npy.tmp", "wb") as f:
-            np.save(f, ids)
-        os.replace(directory / f"{split}.npy.tmp", directory / f"{split}.npy")
+        atomic(directory / f"{split}.npy", lambda tmp, ids=ids: tmp.write_bytes(npy_bytes(ids)))
         counts[split] = int(ids.size)
     digest = hashlib.sha256()
     for split in SPLITS:
@@ -266,9 +269,7 @@ def _build(corpus: Corpus, directory: Path, key_src: dict) -> dict:
         "root": str(Path(corpus.root).resolve()) if corpus.root else None,
         "tokens_sha256": digest.hexdigest(),
     }
-    tmp = directory / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, meta_path)
+    write_json(meta_path, meta)
     return meta
 
 

@@ -41,11 +41,10 @@ tensors and the model's (B, T, V) logits, never anything of size T^2 * D.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +56,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .files import portable_path, write_json, write_text
+from .runs import default_tracking_uri, load_module, resolve_checkpoint, run_data
+
 log = logging.getLogger(__name__)
 
 METHODS = ("nonoverlapping", "sliding")
@@ -67,7 +69,7 @@ DEFAULT_TOKEN_BUDGET = 8192
 #: step but the evaluation length (tokens per window)
 STEP_TAG = ("extrapolation.step", "evaluation length in tokens (metric extrapolation/ppl_<method>)")
 COLUMNS = (
-    "scheme", "seed", "train_len", "eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note",
+    "scheme", "seed", "train_len", "eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note", "extension",
     "corpus", "split", "run_id", "checkpoint",
 )  # fmt: skip
 
@@ -219,183 +221,13 @@ def evaluate_model(
     return rows
 
 
-# -------------------------------------------------------------- checkpoints
-def default_root() -> Path:
-    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
-
-
-def default_tracking_uri() -> str:
-    from .tracking import sqlite_uri
-
-    return os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(default_root() / "mlflow.db")
-
-
-def _pick(folder: Path, which: str) -> Path:
-    """last.ckpt or the best-step=N.ckpt (highest N when several) of a checkpoints folder."""
-    if which == "last":
-        p = folder / "last.ckpt"
-        if p.is_file():
-            return p
-    elif which == "best":
-        best = sorted(folder.glob("best-*.ckpt"), key=lambda p: (p.stat().st_mtime, p.name))
-        if best:
-            return best[-1]
-    else:
-        raise ValueError(f"which={which!r}: choose 'last' or 'best'")
-    raise FileNotFoundError(f"no {which} checkpoint in {folder}")
-
-
-@dataclass
-class Resolved:
-    """A checkpoint file and what is known about its MLflow run."""
-
-    path: Path
-    run_id: str | None = None
-    tracking_uri: str | None = None
-
-
-def run_id_of(ckpt: Path) -> str | None:
-    """The MLflow run of a checkpoint: run.json beside its checkpoints/ folder, or the
-    run folder of an MLflow artifact path (<artifacts>/<run_id>/artifacts/checkpoints/x.ckpt)."""
-    meta = ckpt.parent.parent / "run.json"
-    if meta.is_file():
-        return json.loads(meta.read_text()).get("mlflow_run_id")
-    if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.name == "artifacts":
-        return ckpt.parents[2].name
-    return None
-
-
-def resolve_checkpoint(
-    ref: str | os.PathLike,
-    which: str = "last",
-    runs_dir: str | os.PathLike | None = None,
-    tracking_uri: str | None = None,
-    download_dir: str | os.PathLike | None = None,
-) -> Resolved:
-    """A checkpoint from a .ckpt path, a run folder (or its checkpoints/), or an MLflow run id.
-
-    A run id is looked up first among the run folders under ``runs_dir``
-    (default <POSENC_ROOT or .>/outputs; their run.json names the MLflow run),
-    then among the run's ``checkpoints/`` artifacts in MLflow, which are
-    downloaded to ``download_dir`` (default: a fresh temporary folder).
-    """
-    p = Path(ref).expanduser()
-    if p.is_file():
-        return Resolved(p.resolve(), run_id_of(p.resolve()))
-    if p.is_dir():
-        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-        ckpt = _pick(folder, which).resolve()
-        return Resolved(ckpt, run_id_of(ckpt))
-    run_id = str(ref)
-    if os.sep in run_id or run_id.endswith(".ckpt"):
-        raise FileNotFoundError(f"no checkpoint at {ref}")
-    runs = Path(runs_dir) if runs_dir else default_root() / "outputs"
-    for meta in sorted(runs.glob("**/run.json")) if runs.is_dir() else []:
-        try:
-            info = json.loads(meta.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if info.get("mlflow_run_id") == run_id and (meta.parent / "checkpoints").is_dir():
-            try:
-                return Resolved(_pick(meta.parent / "checkpoints", which).resolve(), run_id)
-            except FileNotFoundError:
-                pass
-    import mlflow
-
-    uri = tracking_uri or default_tracking_uri()
-    client = mlflow.MlflowClient(uri)
-    try:
-        names = [Path(a.path).name for a in client.list_artifacts(run_id, "checkpoints")]
-    except mlflow.exceptions.MlflowException as e:
-        raise FileNotFoundError(
-            f"{ref!r} is neither a checkpoint file, a run folder, nor an MLflow run in {uri} ({e})"
-        ) from e
-    wanted = ["last.ckpt"] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
-    if not wanted or wanted[0] not in names:
-        raise FileNotFoundError(
-            f"MLflow run {run_id} in {uri} has no {which} checkpoint among its artifacts {names}; "
-            f"train with log_checkpoint=true or give the .ckpt path"
-        )
-    dst = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="posenc-ckpt-"))
-    dst.mkdir(parents=True, exist_ok=True)
-    local = client.download_artifacts(run_id, f"checkpoints/{wanted[0]}", str(dst))
-    return Resolved(Path(local).resolve(), run_id, uri)
-
-
-def load_module(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """The LMModule of a checkpoint, in eval mode on ``device``."""
-    from .module import LMModule
-
-    from .train import load_checkpoint
-
-    load_checkpoint(path)  # a clear error for a missing, truncated or foreign file
-    module = LMModule.load_from_checkpoint(str(path), map_location=device, weights_only=True)
-    return module.eval().to(device)
-
-
-def split_tokens(
-    cfg: dict, split: str = "validation", data_dir: str | None = None, cache_dir: str | None = None
-) -> np.ndarray:
-    """The token ids of ``split`` for the data config a model was trained with.
-
-    ``data_dir`` / ``cache_dir`` replace the folders recorded in the config
-    (a checkpoint made on another machine). The tokenizer is the cached one,
-    keyed by the corpus and tokenizer settings, so it is the training one.
-    """
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.create(cfg["data"])
-    if data_dir is not None:
-        data.corpus.root = str(data_dir)
-    if cache_dir is not None:
-        data.cache_dir = str(cache_dir)
-    dm = instantiate(data)
-    dm.prepare_data()
-    return dm.tokens(split)
-
-
 # ------------------------------------------------------------------- output
-def file_mode() -> int:
-    """The mode a plain new file gets under the current umask (mkstemp would give 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def portable_path(path: str | os.PathLike) -> str:
-    """``path`` relative to the working directory (the project root for every stage)
-    when it lies below it, else as given: results files then hold no absolute path
-    of the machine that made them."""
-    p = Path(path).expanduser().absolute()
-    try:
-        return p.relative_to(Path.cwd().absolute()).as_posix()
-    except ValueError:
-        return str(path)
-
-
 def _clean(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def write_results(rows: Sequence[dict], out: str | os.PathLike) -> list[Path]:
     """Write ``rows`` as ``<out>.csv`` and ``<out>.json`` (records; NaN -> null), atomically."""
-    import io
-
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".csv", ".json") else out
     cols = list(COLUMNS) + sorted({k for r in rows for k in r} - set(COLUMNS))
@@ -404,10 +236,10 @@ def write_results(rows: Sequence[dict], out: str | os.PathLike) -> list[Path]:
     w.writeheader()
     for r in rows:
         w.writerow({k: ("" if _clean(r.get(k)) is None else r.get(k)) for k in cols})
-    paths = [stem.with_name(stem.name + ".csv"), stem.with_name(stem.name + ".json")]
-    _atomic_write(paths[0], buf.getvalue())
-    _atomic_write(paths[1], json.dumps([{k: _clean(r.get(k)) for k in cols} for r in rows], indent=1) + "\n")
-    return paths
+    return [
+        write_text(stem.with_name(stem.name + ".csv"), buf.getvalue()),
+        write_json(stem.with_name(stem.name + ".json"), [{k: _clean(r.get(k)) for k in cols} for r in rows], indent=1),
+    ]
 
 
 def read_results(paths: Iterable[str | os.PathLike]):
@@ -431,18 +263,21 @@ def read_results(paths: Iterable[str | os.PathLike]):
 
 
 def log_to_mlflow(
-    rows: Sequence[dict], run_id: str, tracking_uri: str, files: Sequence[Path] = (), tags: dict | None = None
+    rows: Sequence[dict], run_id: str, tracking_uri: str, files: Sequence[Path] = (), tags: dict | None = None,
+    extension: str | None = None,
 ) -> None:
-    """Metric ``extrapolation/ppl_<method>`` at step = evaluation length (applicable rows
-    only; the tag ``STEP_TAG`` says so on the run), tags with the settings, and the
-    results files as artifacts under ``extrapolation/``."""
+    """Metric ``extrapolation/ppl_<method>`` (``..._<extension>`` for a context-extension
+    rule) at step = evaluation length (applicable rows only; the tag ``STEP_TAG`` says
+    so on the run), tags with the settings, and the results files as artifacts under
+    ``extrapolation/``."""
     import mlflow
     from mlflow.entities import Metric
 
     client = mlflow.MlflowClient(tracking_uri)
     now = int(time.time() * 1000)
     metrics = [
-        Metric(f"extrapolation/ppl_{r['method']}", float(r["ppl"]), now, int(r["eval_len"]))
+        Metric(f"extrapolation/ppl_{r['method']}" + (f"_{extension}" if extension else ""), float(r["ppl"]), now,
+               int(r["eval_len"]))
         for r in rows
         if r.get("ppl") is not None and math.isfinite(r["ppl"])
     ]
@@ -473,6 +308,7 @@ class Settings:
     tracking_uri: str | None = None  # where to find / log the run; default: the run's own
     log_mlflow: bool = True
     progress: bool = True
+    extension: str | None = None  # a context-extension rule of the scheme (rope: pi, ntk, yarn)
     extra: dict = field(default_factory=dict)
 
 
@@ -488,19 +324,17 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     module = load_module(res.path, device)
     cfg = module.hparams["cfg"]
     train_len = int(cfg["data"]["seq_len"])
+    if s.extension:  # the same weights, the scheme scaled past the training length
+        module = load_module(res.path, device, {"scaling": s.extension, "original_len": train_len})
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
-    tokens = split_tokens(cfg, s.split, s.data_dir, s.cache_dir)
     vocab = int(module.hparams["vocab_size"])
-    if int(tokens.max()) >= vocab:
-        raise ValueError(
-            f"the {s.split} tokens hold ids >= the model's vocabulary of {vocab}: the data cache does "
-            "not match the checkpoint's tokenizer; check data_dir / cache_dir"
-        )
+    tokens = run_data(cfg, s.data_dir, s.cache_dir, vocab).tokens(s.split)
     rows = evaluate_model(
         module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device, s.progress
     )
     base = {
-        "scheme": cfg["encoding"]["name"],
+        "scheme": cfg["encoding"]["name"] + (f"+{s.extension}" if s.extension else ""),
+        "extension": s.extension or "",
         "seed": cfg.get("seed"),
         "train_len": train_len,
         "corpus": cfg["data"]["corpus"]["name"],
@@ -520,5 +354,5 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
             n = next((r["n_tokens"] for r in rows if r["n_tokens"]), 0)
             tags = {"extrapolation.split": s.split, "extrapolation.n_tokens": n,
                     "extrapolation.stride": "half window" if s.stride is None else s.stride}  # fmt: skip
-            log_to_mlflow(rows, res.run_id, uri, files, tags)
+            log_to_mlflow(rows, res.run_id, uri, files, tags, s.extension)
     return rows, files

@@ -49,8 +49,8 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), pos, mask)
+    def forward(self, x: Tensor, pos: Tensor, route: str | None = None, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos, route, mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -116,15 +116,16 @@ class Transformer(nn.Module):
             pos = torch.arange(T, device=idx.device)
         word, posn = self.embed(idx, pos)
         x = self.drop(word if posn is None else word + posn)
+        route = self.blocks[0].attn.route(x, pos)  # every layer has the same kind of scheme
         masks: dict[int, Tensor] = {}  # position-only biases: once per scheme instance
         for block in self.blocks:
             attn, mask = block.attn, None
             if attn.scheme.position_only_bias:
                 key = id(attn.scheme)
                 if key not in masks:
-                    masks[key] = attn.position_mask(pos, x.dtype, x)
+                    masks[key] = attn.position_mask(pos, x.dtype, route)
                 mask = masks[key]
-            x = block(x, pos, mask)
+            x = block(x, pos, route, mask)
         return self.ln_f(x) @ self.tok.weight.T
 
     def loss(self, idx: Tensor, targets: Tensor, pos: Tensor | None = None, ignore_index: int = -100) -> Tensor:

@@ -30,15 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import CONFIG_DIR, tracking
 from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
-from .data import DataError
+from .errors import ConfigError, DataError
+from .files import write_json, write_text
 from .model import ModelSize
 from .module import LMModule
+from .runs import load_state
 
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """An impossible combination of settings."""
 
 
 ConfigStore.instance().store(group="schema", name="model", node=ModelSize)
@@ -75,20 +73,6 @@ def run_dir(cfg: DictConfig) -> Path:
         return d
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """``torch.load`` with ``weights_only=True`` and an error that says what to do."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"no checkpoint file at {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ConfigError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e)[:200]}); it is truncated, "
-            "corrupt or not a posenc checkpoint: delete it and resume from another one"
-        ) from e
-
-
 def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
 
@@ -123,9 +107,16 @@ def identity_differences(have: dict, want: dict) -> list[str]:
     return out
 
 
-def checkpoint_identity(state: dict) -> dict:
-    """The identity a checkpoint was trained with (older checkpoints lack the token checksum)."""
-    hp = state.get("hyper_parameters", {})
+def checkpoint_identity(ckpt: Path, info: dict | None = None) -> dict:
+    """The identity a checkpoint was trained with: from its run's ``run.json`` when
+    that records one (no checkpoint is read), else from the checkpoint itself
+    (older checkpoints lack the token checksum)."""
+    if info is None:
+        meta = ckpt.parent.parent / "run.json"
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+    if info.get("identity"):
+        return dict(info["identity"])
+    hp = load_state(ckpt).get("hyper_parameters", {})
     if hp.get("identity"):
         return dict(hp["identity"])
     return run_identity(hp.get("cfg", {}), None)
@@ -152,8 +143,10 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
     """(checkpoint to resume from, run.json of the run that wrote it), checked
     against ``want`` (this run's identity) before anything is written.
 
-    ``ckpt_path=last`` takes the newest run with this run name whose checkpoint
-    has the same identity; a refusal names what differs and which runs would fit.
+    ``ckpt_path=last`` takes the newest run with this run name whose identity
+    (read from its ``run.json``) is ``want``; a refusal names what differs and
+    which runs would fit. The chosen checkpoint is checked to be readable here
+    and is loaded once, by Lightning.
     """
     if cfg.ckpt_path in (None, ""):
         return None, {}
@@ -165,27 +158,28 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
                 f"ckpt_path=last: no run named {cfg.run_name!r} with a last.ckpt under {cfg.paths.output_dir}; "
                 "give ckpt_path=<path to a .ckpt> or start a fresh run (ckpt_path=null)"
             )
-        first_diff = None
-        for ckpt, _ in named:
-            diff = identity_differences(checkpoint_identity(load_checkpoint(ckpt)), want)
-            if not diff:
-                break
-            first_diff = first_diff or (ckpt, diff)
-        else:
-            ckpt, diff = first_diff
+        diffs = [(ckpt, info, identity_differences(checkpoint_identity(ckpt, info), want)) for ckpt, info in named]
+        fitting = [(ckpt, info) for ckpt, info, diff in diffs if not diff]
+        if not fitting:
+            ckpt, _, diff = diffs[0]
             raise ConfigError(
                 f"ckpt_path=last: no run named {cfg.run_name!r} fits this run; the newest, "
                 f"{ckpt.parent.parent}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
+        ckpt, info = fitting[0]
     else:
         ckpt = Path(cfg.ckpt_path)
-        diff = identity_differences(checkpoint_identity(load_checkpoint(ckpt)), want)
+        if not ckpt.is_file():
+            raise ConfigError(f"no checkpoint file at {ckpt}")
+        meta = ckpt.parent.parent / "run.json"
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+        diff = identity_differences(checkpoint_identity(ckpt, info), want)
         if diff:
             raise ConfigError(
                 f"checkpoint {ckpt} does not fit this run: {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
-    meta = ckpt.parent.parent / "run.json"
-    return ckpt, (json.loads(meta.read_text()) if meta.exists() else {})
+    load_state(ckpt, mmap=True)  # readable (a truncated file is refused here); tensors stay on disk
+    return ckpt, info
 
 
 def build_logger(cfg: DictConfig, run_id: str | None):
@@ -305,10 +299,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             run_id = logger.run_id
             log_run_start(logger, cfg, module, resumed=bool(ckpt), prepared=datamodule.prepared)
         if trainer.is_global_zero:
-            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name,
                     "identity": identity}
-            write_json_atomic(out_dir / "run.json", meta)
+            write_json(out_dir / "run.json", meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("test_at_end", False):  # the final weights on the test split
@@ -326,18 +320,12 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         raise
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
-        write_json_atomic(out_dir / "metrics.json", {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
+        write_json(out_dir / "metrics.json", {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
                                                      "task": cfg.task.name, "seed": cfg.seed, **metrics})
         log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
         if logger is not None:
             log.info("%s", tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
     return metrics
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
 
 
 def refuse(error: Exception) -> None:
@@ -393,15 +381,19 @@ def misspelt_key(overrides: list[str]) -> str | None:
 
 
 def cli() -> None:
-    """``python train.py``: a misspelt setting stops with a one-line hint
-    before Hydra creates a run folder; everything else goes to ``main``."""
-    args = sys.argv[1:]
-    if not any(a.startswith("-") for a in args):  # a single run (sweeps and flags: Hydra reports)
-        message = misspelt_key(args)
-        if message:
-            print(message, file=sys.stderr)
-            sys.exit(2)
-    main()
+    """``python train.py``: Hydra's ``main``; when a single run fails to start (Hydra
+    exits 1 on a setting it cannot override), a misspelt setting gets one more
+    line naming the closest real one (nothing has been written by then)."""
+    try:
+        main()
+    except SystemExit as e:
+        args = sys.argv[1:]
+        if e.code == 1 and not any(a.startswith("-") for a in args):  # sweeps and flags: Hydra's report
+            message = misspelt_key(args)
+            if message:
+                print(message, file=sys.stderr)
+                sys.exit(2)
+        raise
 
 
 if __name__ == "__main__":

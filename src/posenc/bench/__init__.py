@@ -72,7 +72,7 @@ from .memory import (
     restore_memory_limit,
 )
 from .models import Runner, autocast, batch_for, build_posenc, build_unit, sync
-from .report import TARGET_COLUMNS, environment, evaluate_targets, markdown, summarize, targets_markdown, write_text
+from .report import TARGET_COLUMNS, environment, evaluate_targets, markdown, summarize, targets_markdown
 from .timing import run_benchmark
 from .xtransformers import XT_SHARED, build_xt, xt_kwargs, xtransformers_version
 
@@ -124,7 +124,6 @@ __all__ = [
     "sync",
     "targets_markdown",
     "write_outputs",
-    "write_text",
     "xt_kwargs",
     "xtransformers_version",
 ]

@@ -16,7 +16,8 @@ import torch
 from .config import CONF_DIR, POSENC, XT, Settings, compose_configs, discover_schemes
 from .figure import plot
 from .memory import default_memory_budget_gb, memory_probe
-from .report import evaluate_targets, markdown, summarize, write_text
+from ..files import write_json, write_text
+from .report import evaluate_targets, markdown, summarize
 from .timing import run_benchmark
 
 
@@ -24,7 +25,7 @@ def write_outputs(res: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(res)
     paths = {"json": out_dir / "bench.json", "md": out_dir / "bench.md"}
-    write_text(paths["json"], json.dumps(res, indent=1, default=str) + "\n")
+    write_json(paths["json"], res, indent=1, default=str)
     write_text(paths["md"], md)
     try:
         for p in plot(res, out_dir):

@@ -18,7 +18,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+from .. import CONFIG_DIR
+
+CONF_DIR = Path(CONFIG_DIR)
 
 #: the order of the tables; schemes found in conf/encoding but not listed here follow, sorted
 DEFAULT_ORDER = (

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import POSENC, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS
-from .report import _atomic_write, _model_label
+from ..files import save_figure
+from .report import _model_label
 
 
 def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -73,10 +74,4 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
         fontsize=9,
     )
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        p = out_dir / f"bench.{ext}"
-        _atomic_write(p, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=150))
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out_dir / "bench")

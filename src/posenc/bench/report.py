@@ -13,14 +13,11 @@ is usually 1.)
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
 import statistics
 import sys
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -339,20 +336,3 @@ def markdown(res: dict[str, Any]) -> str:
     for n in res["notes"]:
         lines += ["", f"Note: {n}"]
     return "\n".join(lines) + "\n"
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda p: p.write_text(text))

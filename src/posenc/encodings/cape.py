@@ -53,10 +53,8 @@ class CAPE(PositionalScheme):
             )
         if max_global_scaling < 1:
             raise ValueError(f"encoding.scheme.max_global_scaling={max_global_scaling} must be >= 1")
-        self.max_global_shift = max_global_shift
-        self.max_local_shift = max_local_shift
-        self.max_global_scaling = max_global_scaling
-        self.base = base
+        self.max_global_shift, self.max_local_shift = max_global_shift, max_local_shift
+        self.max_global_scaling, self.base = max_global_scaling, base
 
     def augment(self, pos: Tensor, batch: int) -> Tensor:
         """Float positions (batch, T) with the three training augmentations."""
