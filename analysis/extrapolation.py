@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +27,8 @@ import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
-from posenc.evaluate import file_mode, read_results  # noqa: E402
+from posenc.evaluate import read_results  # noqa: E402
+from posenc.files import save_figure  # noqa: E402
 
 TRAIN_LEN_GID = "train-length-mark"
 METHOD_LABELS = {"nonoverlapping": "non-overlapping windows", "sliding": "sliding window"}
@@ -44,19 +44,6 @@ def _ppl_ticks(lo: float, hi: float) -> list[float]:
         if len(ticks) >= 3:
             return ticks
     return ticks
-
-
-def _save(fig, path: Path, fmt: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=fmt, dpi=150, bbox_inches="tight")
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def scheme_lines(ax) -> list:
@@ -78,8 +65,12 @@ def plot(
         df = df[df["method"] == method]
     schemes = sorted(df["scheme"].unique())
     train_lens = sorted(int(x) for x in df["train_len"].unique())
-    palette = dict(zip(schemes, sns.color_palette("tab20" if len(schemes) > 10 else "tab10", len(schemes))))
+    # a context-extension rule (rope+pi) is drawn dashed in its scheme's colour, with its own marker
+    base = sorted({s.split("+")[0] for s in schemes})
+    colours = dict(zip(base, sns.color_palette("tab20" if len(base) > 10 else "tab10", len(base))))
+    palette = {s: colours[s.split("+")[0]] for s in schemes}
     markers = dict(zip(schemes, ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H"] * 2))
+    dashes = {s: (4, 1.5) if "+" in s else "" for s in schemes}
 
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = plt.subplots(1, len(train_lens), figsize=(6.2 * len(train_lens), 5.2), squeeze=False)
@@ -95,7 +86,7 @@ def plot(
         multi_seed = ok.groupby(["scheme", "eval_len"])["seed"].nunique().max() > 1 if len(ok) else False
         sns.lineplot(
             data=ok, x="eval_len", y="ppl", hue="scheme", hue_order=[s for s in schemes if s in set(ok["scheme"])],
-            style="scheme", markers=markers, dashes=False, palette=palette, estimator="mean",
+            style="scheme", markers=markers, dashes=dashes, palette=palette, estimator="mean",
             errorbar=("ci", 95) if multi_seed else None, n_boot=1000, seed=0, ax=ax, legend=False,
         )  # fmt: skip
         ax.axvline(L, color="0.3", ls="--", lw=1.2, gid=TRAIN_LEN_GID, label="_train_len")
@@ -114,7 +105,7 @@ def plot(
         ax.text(L, 0.98, " L", transform=ax.get_xaxis_transform(), va="top", ha="left", color="0.3")
     # one shared legend, in scheme order, outside the panels
     handles = [
-        plt.Line2D([], [], color=palette[s], marker=markers[s], label=s) for s in schemes
+        plt.Line2D([], [], color=palette[s], marker=markers[s], ls="--" if "+" in s else "-", label=s) for s in schemes
     ]  # fmt: skip
     fig.legend(handles=handles, title="encoding", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     seeds = df.groupby("scheme")["seed"].nunique()
@@ -133,10 +124,7 @@ def plot(
     fig.tight_layout()
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
-    files = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
-    _save(fig, files[0], "png")
-    _save(fig, files[1], "svg")
-    return fig, files
+    return fig, save_figure(fig, stem, bbox_inches="tight")
 
 
 def main(argv: list[str] | None = None) -> list[Path]:

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="replace the tokenizer/token cache recorded in the checkpoint")
     p.add_argument("--runs-dir", help="where run folders are searched for a run id (default: ./outputs)")
     p.add_argument("--tracking-uri", help="MLflow URI (default: the run's own, else sqlite:///./mlflow.db)")
+    p.add_argument("--extension", choices=["pi", "ntk", "yarn"],
+                   help="a RoPE context-extension rule applied past the training length (rows: rope+<rule>)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the model's MLflow run")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         multipliers=a.multipliers, lengths=a.lengths, methods=a.methods, stride=a.stride,
         max_tokens=a.max_tokens or None, split=a.split, token_budget=a.token_budget, device=a.device,
         which=a.which, data_dir=a.data_dir, cache_dir=a.cache_dir, runs_dir=a.runs_dir,
-        tracking_uri=a.tracking_uri, log_mlflow=not a.no_mlflow, progress=not a.no_progress,
+        tracking_uri=a.tracking_uri, log_mlflow=not a.no_mlflow, progress=not a.no_progress, extension=a.extension,
     )  # fmt: skip
     rows: list[dict] = []
     single = len(a.checkpoint) == 1

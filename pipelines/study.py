@@ -54,8 +54,10 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: str, extrapolate: dict | None) -> dict:
-    """Train one run (and evaluate it at every length when ``extrapolate`` is given)."""
+def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: str, extrapolate: dict | None,
+            extensions: list[str] = ()) -> dict:
+    """Train one run (and evaluate it at every length when ``extrapolate`` is given,
+    also with each of the scheme's context-extension rules in ``extensions``)."""
     started = time.time()
     from pipelines.common import compose_config
     from posenc import evaluate as ev
@@ -68,8 +70,10 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     rows, eval_s = [], 0.0
     if extrapolate is not None:
         t = time.perf_counter()
-        settings = ev.Settings(methods=("nonoverlapping",), device="cpu", progress=False, **extrapolate)
-        rows, _ = ev.evaluate_checkpoint(out_dir, settings)
+        for extension in [None, *extensions]:
+            settings = ev.Settings(methods=("nonoverlapping",), device="cpu", progress=False, extension=extension,
+                                   **extrapolate)
+            rows += ev.evaluate_checkpoint(out_dir, settings)[0]
         eval_s = time.perf_counter() - t
     keep = ("val/loss", "val/ppl", "val/acc", "test/loss", "test/ppl", "test/acc", "global_step")
     return {"scheme": scheme, "task": task, "seed": seed, "run_dir": out_dir,
@@ -90,6 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--extrapolation", help="results file (.csv, with a .json twin) of the causal-LM runs")
     p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--extensions", nargs="*", default=[],
+                   help="context-extension rules of the scheme (rope: pi ntk yarn), evaluated zero-shot too")
     p.add_argument("--common", default="", help="Hydra overrides for every run (one string)")
     p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
     p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
@@ -108,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in a.seeds:
             overrides = shlex.split(a.common) + shlex.split(getattr(a, task))
             extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task == "lm" else None
-            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra))
+            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
+                         a.extensions if task == "lm" else []))
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -117,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                              initargs=(a.threads,)) as pool:
         futures = {pool.submit(run_job, *job): job for job in jobs}
         # imported while the workers train: the parent itself never imports Lightning
-        from pipelines.common import write_json
-        from posenc.evaluate import portable_path, write_results
+        from posenc.evaluate import write_results
+        from posenc.files import portable_path, write_json
 
         for fut in as_completed(futures):
             scheme, task, seed = futures[fut][:3]

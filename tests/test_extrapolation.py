@@ -75,6 +75,30 @@ def test_evaluation_at_train_length_equals_training_validation(trained, tmp_path
     assert arts == {"extrapolation/res.csv", "extrapolation/res.json"}
 
 
+def test_context_extension_rules_from_the_same_checkpoint(trained):
+    """rope+pi / +ntk / +yarn: the same weights, labelled rows, exact plain RoPE at L,
+    their own MLflow metric; a scheme without the rule is refused in one line."""
+    from posenc.errors import ConfigError
+
+    plain_settings = ev.Settings(multipliers=(1, 4), methods=("nonoverlapping",), max_tokens=1024, progress=False)
+    plain, _ = ev.evaluate_checkpoint(trained["run_dir"], plain_settings)
+    client = mlflow.MlflowClient(trained["uri"])
+    for rule in ("pi", "ntk", "yarn"):
+        settings = ev.Settings(multipliers=(1, 4), methods=("nonoverlapping",), max_tokens=1024, progress=False,
+                               extension=rule)  # fmt: skip
+        rows, _ = ev.evaluate_checkpoint(trained["run_dir"], settings)
+        assert [(r["scheme"], r["extension"], r["eval_len"]) for r in rows] == [
+            (f"rope+{rule}", rule, TRAIN_LEN), (f"rope+{rule}", rule, 4 * TRAIN_LEN)]
+        assert rows[0]["ppl"] == plain[0]["ppl"]  # at L every rule is plain RoPE
+        assert rows[1]["ppl"] != plain[1]["ppl"] and math.isfinite(rows[1]["ppl"])
+        hist = client.get_metric_history(trained["run_id"], f"extrapolation/ppl_nonoverlapping_{rule}")
+        assert sorted(h.step for h in hist) == [TRAIN_LEN, 4 * TRAIN_LEN]
+    with pytest.raises(ConfigError, match="does not take the settings"):
+        from posenc.runs import load_module
+
+        load_module(trained["run_dir"] / "checkpoints" / "last.ckpt", scheme_settings={"no_such_setting": 1})
+
+
 def test_run_id_resolves_through_run_folder_mlflow_artifacts_and_cli(trained, tmp_path):
     from pipelines.extrapolate import main
 

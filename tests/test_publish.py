@@ -16,7 +16,7 @@ from posenc.evaluate import STEP_TAG, log_to_mlflow
 from posenc.tracking import ensure_experiment, sqlite_uri
 
 PARAMS = "data: tinyshakespeare\nmodel: micro\nseeds: \"0 1\"\nlm: {train_len: 64, overrides: \"\"}\n" \
-         "schemes:\n  none: {tasks: lm mlm, overrides: \"\"}\n"
+         "schemes:\n  none: {tasks: lm mlm, overrides: \"\", extensions: \"\"}\n"
 PATHS = ["figures/extrapolation.png", "figures/lm_table.md", "figures/correlations", "results/lm_table.json"]
 
 

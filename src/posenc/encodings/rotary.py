@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -22,19 +24,66 @@ def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
 
 
 class RoPE(PositionalScheme):
-    """Rotary position embedding (Su et al. 2021, RoFormer, eq. 34).
+    """Rotary position embedding (Su et al. 2021, RoFormer, eq. 34), with optional
+    context-extension rules for evaluation beyond the training length.
 
-    Pair i of a head's first ``rotary_dim`` features is rotated by angle
-    m * base^(-2i / rotary_dim) at position m, so q_m . k_n depends only on
-    m - n (checked in the tests by shifting both positions).
+    Pair i of a head's first ``rotary_dim`` = d features is rotated by angle
+    m * inv_freq[i], inv_freq[i] = base^(-2i / d), at position m, so q_m . k_n
+    depends only on m - n (checked in the tests by shifting both positions).
+
+    ``scaling`` rescales the frequencies at every call by s = max(1, T / L),
+    T = the largest query or key position + 1 and L = ``original_len`` (the
+    training length); at T <= L every rule is plain RoPE, bit for bit:
+
+    * ``pi``, position interpolation (Chen et al. 2023, "Extending Context Window
+      of Large Language Models via Positional Interpolation"): inv_freq / s,
+      i.e. angle (m / s) * inv_freq.
+    * ``ntk``, NTK-aware scaling (bloc97 2023, as written up in Peng et al. 2023,
+      section 3.1): base -> base * s^(d / (d - 2)), i.e. inv_freq[i] * s^(-2i / (d - 2)).
+    * ``yarn``, YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension
+      of Large Language Models"): inv_freq * (1 - w_i (1 - 1/s)), a blend of
+      interpolation (inv_freq / s, weight w_i) and extrapolation (inv_freq), and
+      q and k each multiplied by 0.1 ln s + 1, so the logits by (0.1 ln s + 1)^2
+      (the paper's 1/t). The ``terms`` decomposition goes through ``rotate``, so
+      this factor lands in the position-position term and the terms still sum
+      to the logits. The weight follows the reference code (the authors' and
+      Hugging Face transformers' ``_compute_yarn_parameters``): w_i ramps
+      linearly in the pair index i from 0 at floor(i(beta)) to 1 at
+      ceil(i(alpha)), where i(r) = d ln(L / (2 pi r)) / (2 ln base) is the pair
+      that turns r times over L (upper end clamped at d - 1 as there). With
+      r_i = L / wavelength_i = L inv_freq[i] / (2 pi), exponential in i, this is
+      the paper's gamma(r) = 1 - w made linear in ln r instead of in r:
+      gamma = (ln r - ln alpha) / (ln beta - ln alpha), clamped to [0, 1], with
+      the ends rounded outwards to whole pairs; both keep pairs with r > beta
+      unchanged and interpolate those with r < alpha fully.
+
+    The frequencies and the YaRN factor of each rule are checked in
+    ``tests/test_rope_scaling.py`` against Hugging Face transformers'
+    ``ROPE_INIT_FUNCTIONS`` ("linear" with factor s, "dynamic" with factor 1 at
+    seq_len T, "yarn" with factor s).
 
     Args:
         base: the wavelength base (10000 in the paper).
         fraction: the share of each head's features that rotate (1.0 = all,
             0.25 as in GPT-NeoX); the rotated count must be even.
+        scaling: None (plain RoPE), ``"pi"``, ``"ntk"`` or ``"yarn"``.
+        original_len: L, the training length; required with ``scaling``.
+        yarn_alpha, yarn_beta: YaRN's ramp ends, in turns over L (None: 1 and 32).
     """
 
-    def __init__(self, *, base: float = 10000.0, fraction: float = 1.0, **kw):
+    SCALINGS = ("pi", "ntk", "yarn")
+
+    def __init__(
+        self,
+        *,
+        base: float = 10000.0,
+        fraction: float = 1.0,
+        scaling: str | None = None,
+        original_len: int | None = None,
+        yarn_alpha: float | None = None,
+        yarn_beta: float | None = None,
+        **kw,
+    ):
         super().__init__(**kw)
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"encoding.scheme.fraction={fraction} must be in (0, 1]")
@@ -45,15 +94,68 @@ class RoPE(PositionalScheme):
                 "even and positive; change encoding.scheme.fraction or model.d_model / model.n_heads"
             )
         self.base = base
-        self.rotary_dim = rotary_dim
-        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_dim = d = rotary_dim
+        two_i = torch.arange(0, d, 2, dtype=torch.float32)
+        self.register_buffer("inv_freq", base ** (-two_i / d), persistent=False)
+        self.scaling, self.original_len = scaling, original_len
+        # null = the paper's 1 and 32 (null in the config keeps old runs' identity)
+        self.yarn_alpha = yarn_alpha = 1.0 if yarn_alpha is None else yarn_alpha
+        self.yarn_beta = yarn_beta = 32.0 if yarn_beta is None else yarn_beta
+        if scaling is None:
+            return
+        if scaling not in self.SCALINGS:
+            raise ValueError(f"encoding.scheme.scaling={scaling!r} is not one of null, {', '.join(self.SCALINGS)}")
+        if original_len is None or original_len < 1:
+            raise ValueError(
+                f"encoding.scheme.original_len={original_len}: scaling={scaling} needs the training length "
+                "L (a positive integer) to scale by max(1, T / L)"
+            )
+        if scaling == "ntk":
+            if d <= 2:
+                raise ValueError(f"scaling=ntk needs a rotary dim above 2, got {d}: raise encoding.scheme.fraction")
+            self.register_buffer("ntk_power", -two_i / (d - 2), persistent=False)
+        if scaling == "yarn":
+            if not 0 < yarn_alpha < yarn_beta:
+                raise ValueError(
+                    f"encoding.scheme.yarn_alpha={yarn_alpha} and yarn_beta={yarn_beta} need 0 < alpha < beta"
+                )
 
-    def angles(self, pos: Tensor) -> Tensor:
-        return pos.to(torch.float32)[:, None] * self.inv_freq  # (T, Dr/2)
+            def pair(turns: float) -> float:  # the pair index that turns `turns` times over L
+                return d * math.log(original_len / (2 * math.pi * turns)) / (2 * math.log(base))
+
+            lo, hi = max(math.floor(pair(yarn_beta)), 0), min(math.ceil(pair(yarn_alpha)), d - 1)
+            hi = hi if hi != lo else hi + 0.001  # as the reference, against a zero-width ramp
+            ramp = ((torch.arange(d // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+            self.register_buffer("yarn_ramp", ramp, persistent=False)
+
+    def scaled(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The inverse frequencies (Dr/2,) for this call and the factor on q and k
+        (None: 1), from s = max(1, T / L) kept on the device (no host sync)."""
+        if self.scaling is None:
+            return self.inv_freq, None
+        T = torch.maximum(q_pos.max(), k_pos.max()).to(torch.float32) + 1
+        s = (T / self.original_len).clamp(min=1.0)
+        if self.scaling == "pi":
+            return self.inv_freq / s, None
+        if self.scaling == "ntk":
+            return self.inv_freq * s**self.ntk_power, None
+        # yarn; at s = 1 both the blend (1 - w * 0) and the factor (0.1 * 0 + 1) are exactly 1
+        return self.inv_freq * (1 - self.yarn_ramp * (1 - 1 / s)), 0.1 * s.log() + 1
+
+    def angles(self, pos: Tensor, inv_freq: Tensor | None = None) -> Tensor:
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        return pos.to(torch.float32)[:, None] * inv_freq  # (T, Dr/2)
 
     def rotate(self, q, k, q_pos, k_pos):
-        return rotate_pairs(q, self.angles(q_pos)), rotate_pairs(k, self.angles(k_pos))
+        inv_freq, factor = self.scaled(q_pos, k_pos)
+        q, k = rotate_pairs(q, self.angles(q_pos, inv_freq)), rotate_pairs(k, self.angles(k_pos, inv_freq))
+        if factor is None:
+            return q, k
+        return q * factor.to(q.dtype), k * factor.to(k.dtype)
+
+    def extra_repr(self) -> str:
+        out = super().extra_repr()
+        return out if self.scaling is None else out + f", scaling={self.scaling}, original_len={self.original_len}"
 
 
 class XPos(PositionalScheme):
