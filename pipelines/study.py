@@ -54,27 +54,71 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def parse_extension(spec: str) -> tuple[str, int, int]:
+    """``pi`` -> (pi, 0, 0), zero-shot; ``pi@4x100`` -> (pi, 4, 100): fine-tuned with the
+    rule at 4L for 100 steps from the run's weights before it is evaluated."""
+    rule, _, tune = spec.partition("@")
+    if not tune:
+        return rule, 0, 0
+    try:
+        mult, steps = (int(x) for x in tune.split("x"))
+    except ValueError:
+        raise ValueError(f"extension {spec!r}: write <rule> or <rule>@<multiple>x<steps>, e.g. pi@4x100") from None
+    if mult < 1 or steps < 1:
+        raise ValueError(f"extension {spec!r}: the multiple and the steps must be at least 1")
+    return rule, mult, steps
+
+
+def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) -> list[str]:
+    """The Hydra overrides that fine-tune a causal-LM run with ``rule`` at ``mult`` x L
+    for ``steps`` steps (Chen et al. 2023, scaled down): the same tokens per step,
+    a tenth of the learning rate, a short warm-up."""
+    L, B = int(cfg.data.seq_len), int(cfg.data.batch_size)
+    return [
+        f"init_from={init_from}", f"encoding.scheme.scaling={rule}", f"encoding.scheme.original_len={L}",
+        f"data.seq_len={mult * L}", f"model.max_len={mult * L}", f"data.batch_size={max(1, B // mult)}",
+        f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", f"optim.lr={cfg.optim.lr / 10}",
+        f"optim.warmup_steps={max(1, steps // 10)}", f"run_name={cfg.encoding.name}+{rule}+ft{mult}L-{cfg.run_name}",
+    ]  # fmt: skip
+
+
 def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: str, extrapolate: dict | None,
             extensions: list[str] = ()) -> dict:
     """Train one run (and evaluate it at every length when ``extrapolate`` is given,
-    also with each of the scheme's context-extension rules in ``extensions``)."""
+    also with each of the scheme's context-extension rules in ``extensions``, zero-shot
+    or after a fine-tune, see ``parse_extension``)."""
     started = time.time()
     from pipelines.common import compose_config
     from posenc import evaluate as ev
     from posenc.train import train
 
-    cfg = compose_config([f"encoding={scheme}", f"task={task}", f"seed={seed}", *overrides])
+    base = [f"encoding={scheme}", f"task={task}", f"seed={seed}", *overrides]
+    cfg = compose_config(base)
     t = time.perf_counter()
     metrics = train(cfg, out_dir=out_dir)
     train_s = time.perf_counter() - t
     rows, eval_s = [], 0.0
     if extrapolate is not None:
-        t = time.perf_counter()
-        for extension in [None, *extensions]:
-            settings = ev.Settings(methods=("nonoverlapping",), device="cpu", progress=False, extension=extension,
-                                   **extrapolate)
-            rows += ev.evaluate_checkpoint(out_dir, settings)[0]
-        eval_s = time.perf_counter() - t
+        L = int(cfg.data.seq_len)
+        lengths = [int(m) * L for m in extrapolate["multipliers"]]
+        common = {"methods": ("nonoverlapping",), "device": "cpu", "progress": False, "lengths": lengths,
+                  "max_tokens": extrapolate["max_tokens"]}  # fmt: skip
+        for spec in [None, *extensions]:
+            rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
+            if not mult:  # the run itself, plain or with a rule switched on
+                t = time.perf_counter()
+                rows += ev.evaluate_checkpoint(out_dir, ev.Settings(extension=rule, **common))[0]
+                eval_s += time.perf_counter() - t
+                continue
+            tuned_dir = f"{out_dir}-{rule}-ft{mult}L"
+            t = time.perf_counter()
+            train(compose_config(base + finetune_overrides(cfg, rule, mult, steps, f"{out_dir}/checkpoints/last.ckpt")),
+                  out_dir=tuned_dir)
+            train_s += time.perf_counter() - t
+            t = time.perf_counter()
+            label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "train_len": L, "extension": spec}
+            rows += ev.evaluate_checkpoint(tuned_dir, ev.Settings(extra=label, **common))[0]
+            eval_s += time.perf_counter() - t
     keep = ("val/loss", "val/ppl", "val/acc", "test/loss", "test/ppl", "test/acc", "global_step")
     return {"scheme": scheme, "task": task, "seed": seed, "run_dir": out_dir,
             **{k: metrics[k] for k in keep if k in metrics},
@@ -95,7 +139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=16384)
     p.add_argument("--extensions", nargs="*", default=[],
-                   help="context-extension rules of the scheme (rope: pi ntk yarn), evaluated zero-shot too")
+                   help="context-extension rules of the scheme (rope: pi ntk yarn), evaluated zero-shot too; "
+                   "<rule>@<multiple>x<steps> (pi@4x100): fine-tuned with the rule at that multiple of L first")
     p.add_argument("--common", default="", help="Hydra overrides for every run (one string)")
     p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
     p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
@@ -104,6 +149,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--workers and --threads must be at least 1")
     if "lm" in a.tasks and not a.extrapolation:
         p.error("--extrapolation is required when the causal-LM task is run")
+    for spec in a.extensions:
+        try:
+            parse_extension(spec)
+        except ValueError as e:
+            p.error(str(e))
     return a
 
 

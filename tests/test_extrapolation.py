@@ -99,6 +99,35 @@ def test_context_extension_rules_from_the_same_checkpoint(trained):
         load_module(trained["run_dir"] / "checkpoints" / "last.ckpt", scheme_settings={"no_such_setting": 1})
 
 
+def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data_root, cache_dir):
+    """init_from starts a run from the weights of another (here: RoPE fine-tuned with PI
+    at 2L, as the study's pi@2x<steps> does); weights of another model are refused."""
+    from pipelines.study import finetune_overrides, parse_extension
+    from posenc.errors import ConfigError
+
+    assert parse_extension("yarn") == ("yarn", 0, 0) and parse_extension("pi@4x200") == ("pi", 4, 200)
+    for bad in ("pi@4", "pi@0x10", "pi@4xten"):
+        with pytest.raises(ValueError, match="extension"):
+            parse_extension(bad)
+    ckpt = trained["run_dir"] / "checkpoints" / "last.ckpt"
+    tune = finetune_overrides(trained["cfg"], "pi", 2, 2, str(ckpt))
+    assert f"data.seq_len={2 * TRAIN_LEN}" in tune and f"encoding.scheme.original_len={TRAIN_LEN}" in tune
+    # at learning rate 0 the tuned weights are the checkpoint's: the run started from them
+    cfg = compose_cfg(tmp_path, data_root, cache_dir, f"data.seq_len={TRAIN_LEN}", "data.batch_size=8",
+                      *tune, "log_checkpoint=false", "optim.lr=0.0")  # fmt: skip
+    metrics = train(cfg, out_dir=tmp_path / "tuned")
+    assert metrics["global_step"] == 2 and math.isfinite(metrics["val/loss"])
+    tuned = ev.load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
+    assert tuned.model.blocks[0].attn.scheme.scaling == "pi"
+    assert tuned.hparams["cfg"]["init_from"] == str(ckpt)
+    start = ev.load_module(ckpt).model.state_dict()
+    assert all(torch.equal(v, start[k]) for k, v in tuned.model.state_dict().items())
+    wider = compose_cfg(tmp_path, data_root, cache_dir, "model.d_model=64", f"init_from={ckpt}")
+    with pytest.raises(ConfigError, match="do not fit"):
+        train(wider, out_dir=tmp_path / "wider")
+    assert not (tmp_path / "wider" / "run.json").exists()
+
+
 def test_run_id_resolves_through_run_folder_mlflow_artifacts_and_cli(trained, tmp_path):
     from pipelines.extrapolate import main
 

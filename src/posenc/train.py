@@ -182,6 +182,21 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
     return ckpt, info
 
 
+def initial_weights(module: LMModule, path: str | Path, resuming: bool = False) -> None:
+    """``init_from``: the model starts from a checkpoint's weights (fine-tuning);
+    refused when they do not fit the model these settings build."""
+    if resuming:
+        raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
+    state = load_state(path)
+    try:
+        module.load_state_dict(state["state_dict"])
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(
+            f"init_from={path}: its weights do not fit the model of these settings ({str(e).splitlines()[0][:200]}); "
+            "give a checkpoint of the same model and vocabulary"
+        ) from e
+
+
 def build_logger(cfg: DictConfig, run_id: str | None):
     if cfg.get("logger") is None:
         return None
@@ -268,6 +283,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     ckpt, resumed_meta = resolve_resume(cfg, identity)
     L.seed_everything(cfg.seed, workers=True)
     module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
+    if cfg.get("init_from"):
+        initial_weights(module, cfg.init_from, resuming=bool(ckpt))
 
     if ckpt:
         out_dir = Path(ckpt).parent.parent
