@@ -52,6 +52,7 @@ def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.pop("POSENC_ROOT", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # set in this process by earlier tests (MLflow keeps its URI there)
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=1800)
