@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from analysis import correlations
@@ -29,8 +28,7 @@ def checkpoints(runs_dir: str | Path) -> list[Path]:
     out = []
     for scheme in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         for task in ("mlm", "lm"):
-            found = sorted(c for c in scheme.glob(f"{task}-s*/checkpoints/last.ckpt")
-                           if re.fullmatch(rf"{task}-s\d+", c.parent.parent.name))  # not fine-tuned copies
+            found = sorted(scheme.glob(f"{task}-s*/checkpoints/last.ckpt"))
             if found:
                 out += found
                 break

@@ -110,7 +110,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
                 rows += ev.evaluate_checkpoint(out_dir, ev.Settings(extension=rule, **common))[0]
                 eval_s += time.perf_counter() - t
                 continue
-            tuned_dir = f"{out_dir}-{rule}-ft{mult}L"
+            tuned_dir = str(Path(out_dir).with_name(f"{task}-{rule}-ft{mult}L-s{seed}"))  # beside the study's runs
             t = time.perf_counter()
             train(compose_config(base + finetune_overrides(cfg, rule, mult, steps, f"{out_dir}/checkpoints/last.ckpt")),
                   out_dir=tuned_dir)

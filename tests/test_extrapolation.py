@@ -104,6 +104,7 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     at 2L, as the study's pi@2x<steps> does); weights of another model are refused."""
     from pipelines.study import finetune_overrides, parse_extension
     from posenc.errors import ConfigError
+    from posenc.runs import load_module
 
     assert parse_extension("yarn") == ("yarn", 0, 0) and parse_extension("pi@4x200") == ("pi", 4, 200)
     for bad in ("pi@4", "pi@0x10", "pi@4xten"):
@@ -117,10 +118,10 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
                       *tune, "log_checkpoint=false", "optim.lr=0.0")  # fmt: skip
     metrics = train(cfg, out_dir=tmp_path / "tuned")
     assert metrics["global_step"] == 2 and math.isfinite(metrics["val/loss"])
-    tuned = ev.load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
+    tuned = load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
     assert tuned.model.blocks[0].attn.scheme.scaling == "pi"
     assert tuned.hparams["cfg"]["init_from"] == str(ckpt)
-    start = ev.load_module(ckpt).model.state_dict()
+    start = load_module(ckpt).model.state_dict()
     assert all(torch.equal(v, start[k]) for k, v in tuned.model.state_dict().items())
     wider = compose_cfg(tmp_path, data_root, cache_dir, "model.d_model=64", f"init_from={ckpt}")
     with pytest.raises(ConfigError, match="do not fit"):

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .files import portable_path, write_json, write_text
-from .runs import default_tracking_uri, load_module, resolve_checkpoint, run_data
+from .runs import default_tracking_uri, load_state, module_from_state, resolve_checkpoint, run_data, stored_run
 
 log = logging.getLogger(__name__)
 
@@ -321,11 +321,12 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     s = settings or Settings()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if s.device == "auto" else s.device
     res = resolve_checkpoint(ref, s.which, s.runs_dir, s.tracking_uri)
-    module = load_module(res.path, device)
-    cfg = module.hparams["cfg"]
+    state = load_state(res.path)
+    cfg = stored_run(state, res.path)["cfg"]
     train_len = int(cfg["data"]["seq_len"])
-    if s.extension:  # the same weights, the scheme scaled past the training length
-        module = load_module(res.path, device, {"scaling": s.extension, "original_len": train_len})
+    # with an extension: the same weights, the scheme scaled past the training length
+    extension = {"scaling": s.extension, "original_len": train_len} if s.extension else None
+    module = module_from_state(state, res.path, device, extension)
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
     vocab = int(module.hparams["vocab_size"])
     tokens = run_data(cfg, s.data_dir, s.cache_dir, vocab).tokens(s.split)

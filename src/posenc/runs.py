@@ -41,7 +41,14 @@ def load_state(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 
 def load_module(path: str | os.PathLike, device: str | torch.device = "cpu", scheme_settings: dict | None = None):
-    """The LMModule of a checkpoint, in eval mode on ``device``.
+    """The LMModule of a checkpoint, in eval mode on ``device`` (see ``module_from_state``)."""
+    return module_from_state(load_state(path), path, device, scheme_settings)
+
+
+def module_from_state(
+    state: dict, path: str | os.PathLike, device: str | torch.device = "cpu", scheme_settings: dict | None = None
+):
+    """The LMModule of a loaded checkpoint ``state`` (read from ``path``), in eval mode.
 
     ``scheme_settings`` change settings of the scheme (``encoding.scheme.*``)
     for evaluation, e.g. a RoPE context-extension rule; the weights must still
@@ -51,10 +58,7 @@ def load_module(path: str | os.PathLike, device: str | torch.device = "cpu", sch
 
     from .module import LMModule
 
-    state = load_state(path)  # a clear error for a missing, truncated or foreign file
-    hp = state.get("hyper_parameters") or {}
-    if "cfg" not in hp or "vocab_size" not in hp:
-        raise ConfigError(f"checkpoint {path} holds no posenc run config: it was not written by posenc training")
+    hp = stored_run(state, path)
     cfg = copy.deepcopy(hp["cfg"])
     cfg["encoding"]["scheme"].update(scheme_settings or {})
     try:
@@ -65,6 +69,20 @@ def load_module(path: str | os.PathLike, device: str | torch.device = "cpu", sch
         ) from e
     module.load_state_dict(state["state_dict"])
     return module.eval().to(device)
+
+
+def stored_run(state: dict, path: str | os.PathLike) -> dict:
+    """What posenc training stores in a checkpoint (``cfg``, ``vocab_size``, ``identity``)."""
+    hp = state.get("hyper_parameters") or {}
+    if "cfg" not in hp or "vocab_size" not in hp:
+        raise ConfigError(f"checkpoint {path} holds no posenc run config: it was not written by posenc training")
+    return hp
+
+
+def run_info(ckpt: Path) -> dict:
+    """The ``run.json`` of the run folder that holds ``ckpt`` (``<run>/checkpoints/x.ckpt``), or {}."""
+    meta = Path(ckpt).parent.parent / "run.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
 def default_root() -> Path:
@@ -104,9 +122,9 @@ class Resolved:
 def run_id_of(ckpt: Path) -> str | None:
     """The MLflow run of a checkpoint: run.json beside its checkpoints/ folder, or the
     run folder of an MLflow artifact path (<artifacts>/<run_id>/artifacts/checkpoints/x.ckpt)."""
-    meta = ckpt.parent.parent / "run.json"
-    if meta.is_file():
-        return json.loads(meta.read_text()).get("mlflow_run_id")
+    info = run_info(ckpt)
+    if info:
+        return info.get("mlflow_run_id")
     if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.name == "artifacts":
         return ckpt.parents[2].name
     return None

@@ -7,7 +7,6 @@ config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 import re
@@ -34,7 +33,7 @@ from .errors import ConfigError, DataError
 from .files import write_json, write_text
 from .model import ModelSize
 from .module import LMModule
-from .runs import load_state
+from .runs import load_state, run_info
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,8 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.data.seq_len < 1:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
+    if cfg.get("init_from") and cfg.ckpt_path not in (None, ""):
+        raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
     try:
         scheme = instantiate(cfg.encoding.scheme)(
             d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
@@ -107,13 +108,10 @@ def identity_differences(have: dict, want: dict) -> list[str]:
     return out
 
 
-def checkpoint_identity(ckpt: Path, info: dict | None = None) -> dict:
-    """The identity a checkpoint was trained with: from its run's ``run.json`` when
-    that records one (no checkpoint is read), else from the checkpoint itself
-    (older checkpoints lack the token checksum)."""
-    if info is None:
-        meta = ckpt.parent.parent / "run.json"
-        info = json.loads(meta.read_text()) if meta.is_file() else {}
+def checkpoint_identity(ckpt: Path, info: dict) -> dict:
+    """The identity a checkpoint was trained with: from its run's ``run.json``
+    (``info``) when that records one (no checkpoint is read), else from the
+    checkpoint itself (older checkpoints lack the token checksum)."""
     if info.get("identity"):
         return dict(info["identity"])
     hp = load_state(ckpt).get("hyper_parameters", {})
@@ -128,7 +126,7 @@ def earlier_runs(output_dir: str | Path) -> list[tuple[Path, dict]]:
     for meta in Path(output_dir).glob("**/run.json"):
         ckpt = meta.parent / "checkpoints" / "last.ckpt"
         if ckpt.exists():
-            found.append((ckpt, json.loads(meta.read_text())))
+            found.append((ckpt, run_info(ckpt)))
     return sorted(found, key=lambda item: item[0].stat().st_mtime, reverse=True)
 
 
@@ -167,26 +165,22 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
                 f"{ckpt.parent.parent}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
         ckpt, info = fitting[0]
+        load_state(ckpt, mmap=True)  # readable (a truncated file is refused here); tensors stay on disk
     else:
         ckpt = Path(cfg.ckpt_path)
-        if not ckpt.is_file():
-            raise ConfigError(f"no checkpoint file at {ckpt}")
-        meta = ckpt.parent.parent / "run.json"
-        info = json.loads(meta.read_text()) if meta.is_file() else {}
+        load_state(ckpt, mmap=True)  # there and readable, before its identity is read
+        info = run_info(ckpt)
         diff = identity_differences(checkpoint_identity(ckpt, info), want)
         if diff:
             raise ConfigError(
                 f"checkpoint {ckpt} does not fit this run: {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
-    load_state(ckpt, mmap=True)  # readable (a truncated file is refused here); tensors stay on disk
     return ckpt, info
 
 
-def initial_weights(module: LMModule, path: str | Path, resuming: bool = False) -> None:
+def initial_weights(module: LMModule, path: str | Path) -> None:
     """``init_from``: the model starts from a checkpoint's weights (fine-tuning);
     refused when they do not fit the model these settings build."""
-    if resuming:
-        raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
     state = load_state(path)
     try:
         module.load_state_dict(state["state_dict"])
@@ -284,7 +278,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     L.seed_everything(cfg.seed, workers=True)
     module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
     if cfg.get("init_from"):
-        initial_weights(module, cfg.init_from, resuming=bool(ckpt))
+        initial_weights(module, cfg.init_from)
 
     if ckpt:
         out_dir = Path(ckpt).parent.parent
