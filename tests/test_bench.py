@@ -64,7 +64,7 @@ def test_ratios_of_none_are_one(tiny):
 
 def test_counted_flops_of_none_equal_the_palm_formula(tiny):
     """For ``none`` every matmul is one the PaLM formula counts (6N + 12 L T d
-    per token, full T^2 attention, tied head), so the exact count, which goes
+    per token, full T^2 attention, output layer), so the exact count, which goes
     through the CPU flash-attention formulas added in the benchmark, must equal it."""
     for r in tiny["summary"]:
         if r["impl"] == bench.POSENC and r["scheme"] == "none":

@@ -567,7 +567,7 @@ def naive_model(model: Transformer, idx: torch.Tensor, pos: torch.Tensor) -> tor
     for block in model.blocks:
         x = x + naive_attention(block.attn, block.ln1(x), pos)
         x = x + block.mlp(block.ln2(x))
-    return model.ln_f(x) @ model.tok.weight.T
+    return model.ln_f(x) @ model.lm_head.weight.T
 
 
 @pytest.mark.parametrize("name,causal", MODES, ids=MODE_IDS)

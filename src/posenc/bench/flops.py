@@ -13,7 +13,7 @@ are counted at T = 16, 32, 48, checked at T = 64 against the quadratic through
 those, and evaluated at the benchmarked T (times the batch): no step at T=4096
 runs under the counter. For ``none`` the count equals the analytic model FLOPs
 of PaLM (Chowdhery et al. 2022, appendix B), per token 6 N + 12 L T d with N
-the matmul weights of the blocks plus the tied output head (V d), L layers, d
+the matmul weights of the blocks plus the output layer (V d), L layers, d
 the width (a test checks this); the JSON holds both. "FLOP/s % peak" is counted
 training FLOPs / best step time / peak, where the peak is the best FLOP/s of a
 2048x2048 fp32 matmul (8192x8192 bf16 on CUDA), timed in the same run, with
@@ -32,7 +32,7 @@ from .models import Runner, batch_for, sync
 
 
 def palm_flops_per_token(model_cfg: dict[str, Any], vocab_size: int, T: int) -> float:
-    """PaLM appendix B, training: 6 N + 12 L T d per token, N = block matmuls + tied head."""
+    """PaLM appendix B, training: 6 N + 12 L T d per token, N = block matmuls + output layer."""
     d, L, ff = model_cfg["d_model"], model_cfg["n_layers"], model_cfg["d_ff"]
     n = L * (4 * d * d + 2 * d * ff) + vocab_size * d
     return 6.0 * n + 12.0 * L * T * d

@@ -3,7 +3,7 @@
 x-transformers (``pip install x-transformers``; skipped with a note when
 missing or with ``--no-xtransformers``). ``TransformerWrapper`` + ``Decoder``
 with the same dim, depth, heads, head dim, ff inner width (``ff_mult = d_ff /
-d_model``), vocabulary, causal attention and tied output embedding; PyTorch
+d_model``), vocabulary, causal attention and an untied output layer; PyTorch
 SDPA (``attn_flash=True``) wherever x-transformers allows it (it refuses it
 for the T5 bias). Shared schemes, by name: none (``use_abs_pos_emb=False``),
 sinusoidal (``scaled_sinu_pos_emb=True``: x-transformers' only fixed sinusoid,
@@ -95,5 +95,5 @@ def build_xt(scheme: str, enc: dict[str, Any], model_cfg: dict[str, Any], vocab_
         **layers,
     )
     return TransformerWrapper(
-        num_tokens=vocab_size, max_seq_len=model_cfg["max_len"], attn_layers=dec, tie_embedding=True, **wrap
+        num_tokens=vocab_size, max_seq_len=model_cfg["max_len"], attn_layers=dec, tie_embedding=False, **wrap
     )
