@@ -252,3 +252,18 @@ def test_figure_has_one_line_per_scheme(tmp_path):
     assert sorted(t.get_text() for t in legend.get_texts()) == ["alibi", "learned", "rope", "sinusoidal"]
     plt.close(fig)
     assert main([str(f) for f in files] + ["--out", str(tmp_path / "cli" / "fig")])[0].is_file()
+
+
+def test_checkpoint_of_another_model_layout_is_refused_clearly(trained, tmp_path):
+    """A checkpoint whose weights do not fit the model that this version builds
+    from its config (here: the output layer of an older, tied layout removed)
+    is refused with a ConfigError naming the file, not a load_state_dict traceback."""
+    from posenc.errors import ConfigError
+    from posenc.runs import load_module, load_state
+
+    state = load_state(trained["run_dir"] / "checkpoints" / "last.ckpt")
+    state["state_dict"] = {k: v for k, v in state["state_dict"].items() if "lm_head" not in k}
+    old = tmp_path / "old.ckpt"
+    torch.save(state, old)
+    with pytest.raises(ConfigError, match=r"old\.ckpt does not fit the model .*lm_head"):
+        load_module(old)

@@ -67,7 +67,13 @@ def module_from_state(
         raise ConfigError(
             f"encoding {cfg['encoding']['name']} does not take the settings {sorted(scheme_settings or {})} ({e})"
         ) from e
-    module.load_state_dict(state["state_dict"])
+    try:
+        module.load_state_dict(state["state_dict"])
+    except RuntimeError as e:  # written by a version of posenc whose model had other parameters
+        raise ConfigError(
+            f"checkpoint {path} does not fit the model this version of posenc builds from its config "
+            f"({' '.join(str(e).split())[:300]}); retrain it, or evaluate it with the posenc version that wrote it"
+        ) from e
     return module.eval().to(device)
 
 
