@@ -170,25 +170,31 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     done, failed, n = [], [], len(jobs)
-    with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
-                             initargs=(a.threads,)) as pool:
-        futures = {pool.submit(run_job, *job): job for job in jobs}
-        # imported while the workers train: the parent itself never imports Lightning
-        from posenc.evaluate import write_results
-        from posenc.files import portable_path, write_json
+    try:
+        with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
+                                 initargs=(a.threads,)) as pool:
+            futures = {pool.submit(run_job, *job): job for job in jobs}
+            # imported while the workers train: the parent itself never imports Lightning
+            from posenc.evaluate import write_results
+            from posenc.files import portable_path, write_json
 
-        for fut in as_completed(futures):
-            scheme, task, seed = futures[fut][:3]
-            try:
-                r = fut.result()
-            except Exception as e:  # noqa: BLE001 -- reported below, the others go on
-                failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
-                continue
-            done.append(r)
-            acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
-            print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
-                  f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
+            for fut in as_completed(futures):
+                scheme, task, seed = futures[fut][:3]
+                try:
+                    r = fut.result()
+                except Exception as e:  # noqa: BLE001 -- reported below, the others go on
+                    failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                    print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
+                    continue
+                done.append(r)
+                acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
+                print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
+                      f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or a worker's run stopped by a signal
+        why = str(e) if str(e) and not isinstance(e, KeyboardInterrupt) else "Ctrl-C"
+        print(f"study of {a.scheme} interrupted ({why}): {len(done)} of {n} runs had finished; a run stopped "
+              f"by the interrupt keeps its last.ckpt under {a.runs_dir}; no results were written", file=sys.stderr)
+        return 130
     if failed:
         print("\n".join(["study failed:"] + failed), file=sys.stderr)
         return 1

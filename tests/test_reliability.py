@@ -134,3 +134,48 @@ def test_evaluation_length_below_one_is_refused(tmp_path):
     assert r.returncode != 0
     assert "at least 1" in r.stderr
     assert not (tmp_path / "r.csv").exists()
+
+
+def test_ctrl_c_then_resume_leaves_one_folder_with_the_final_last_ckpt(tmp_path, data_root, cache_dir):
+    """Ctrl-C at step 5 exits 130 naming the checkpoint it saved; `ckpt_path=last`
+    then finishes the run in the same folder: one run folder (the resume's Hydra
+    config under .hydra/resume-*, its log appended to train.log), and last.ckpt
+    holds the final weights (no last-v1.ckpt beside a stale one)."""
+    common = [*cli_overrides(cache_dir), "encoding=sinusoidal", "trainer.max_steps=12", "trainer.val_check_interval=6"]
+    stop = "+callbacks.stop={_target_: tests.helpers.SignalAt, step: 5, signum: SIGINT}"
+    r = _cli(tmp_path, data_root, cache_dir, *common, stop)
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "interrupted at step 5: saved" in r.stderr and "ckpt_path=last" in r.stderr
+    r = _cli(tmp_path, data_root, cache_dir, *common, "ckpt_path=last")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs" / "runs").iterdir()
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["best-step=12.ckpt", "last.ckpt"], ckpts
+    import torch
+
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+    assert len(list((run_dir / ".hydra").glob("resume-*/overrides.yaml"))) == 1
+    log = (run_dir / "train.log").read_text()
+    assert "stopped at step 5" in log and "finished sinusoidal-lm-tinyshakespeare-s0" in log
+    (run,) = runs_of(tmp_path)
+    assert run.info.status == "FINISHED"
+
+
+def test_extending_a_run_keeps_its_schedule_and_says_so(make_cfg, tmp_path):
+    """A finished 10-step run resumed to 20 steps keeps its 10-step schedule: the LR
+    stays at the schedule's floor (lr x min_ratio) instead of warming up again, and
+    the run's description and run.json say so."""
+    import mlflow
+
+    common = ["encoding=kerple", "optim.warmup_steps=2", "trainer.log_every_n_steps=1"]
+    train(make_cfg(*common, "trainer.max_steps=10"))
+    train(make_cfg(*common, "trainer.max_steps=20", "ckpt_path=last"))
+    (run,) = runs_of(tmp_path)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (lr_key,) = [k for k in run.data.metrics if k.startswith("lr")][:1]
+    lrs = {m.step: m.value for m in client.get_metric_history(run.info.run_id, lr_key)}
+    floor = 1e-3 * 0.1
+    assert [lrs[s] for s in range(10, 20)] == pytest.approx([floor] * 10), lrs
+    assert "extended by a resume: a 10-step schedule" in run.data.tags["mlflow.note.content"]
+    (meta,) = tmp_path.glob("outputs/runs/*/run.json")
+    assert json.loads(meta.read_text())["schedule_steps"] == 10

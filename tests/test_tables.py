@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 from scipy import stats
 
 from pipelines import study, tables
@@ -80,3 +81,19 @@ def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root,
     assert rc == 1
     assert not results.exists() and not (tmp_path / "x.csv").exists()
     assert (tmp_path / "runs" / "lm-s0" / "metrics.json").exists()  # the other job finished
+
+
+def test_an_interrupted_run_stops_the_stage_with_exit_130(tmp_path, data_root, cache_dir):
+    """A run stopped by a signal (here SIGINT at step 3) makes the study stage exit
+    130 as shells expect of Ctrl-C, never 0, writing no results; the run keeps its last.ckpt."""
+    results = tmp_path / "results.json"
+    common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
+              "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
+              "data.batch_size=4 trainer.max_steps=8 trainer.val_check_interval=8 trainer.limit_val_batches=1 "
+              "log_checkpoint=false '+callbacks.stop={_target_: tests.helpers.SignalAt, step: 3, signum: SIGINT}'")
+    rc = study.main(["none", "--tasks", "mlm", "--seeds", "0", "--workers", "1", "--runs-dir", str(tmp_path / "runs"),
+                     "--results", str(results), "--common", common, "--mlm", "data.seq_len=16"])
+    assert rc == 130
+    assert not results.exists()
+    state = torch.load(tmp_path / "runs" / "mlm-s0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["global_step"] == 3

@@ -161,6 +161,9 @@ def test_interrupt_then_resume_matches_uninterrupted(make_cfg, tmp_path, signum)
     assert resumed["global_step"] == 20
     assert resumed["val/loss"] == pytest.approx(reference["val/loss"], abs=1e-6)
     assert resumed["val/acc"] == pytest.approx(reference["val/acc"], abs=1e-6)
+    # the final checkpoint replaced the interrupt's: no last-v1.ckpt beside a stale last.ckpt
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["best-step=20.ckpt", "last.ckpt"]
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"] == 20
 
 
 def test_nan_loss_stops_names_step_and_scheme_keeps_last_good(make_cfg, tmp_path):

@@ -13,6 +13,26 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 log = logging.getLogger(__name__)
 
 
+class RunInterrupted(SIGTERMException):
+    """A run stopped by SIGTERM or a first Ctrl-C after saving ``last.ckpt``.
+
+    A ``SystemExit`` (as Lightning's ``SIGTERMException`` is) with code 130,
+    the exit status shells give a process stopped by Ctrl-C, so ``python
+    train.py`` and the study's stages exit 130, never 0, when interrupted.
+    """
+
+    def __init__(self, step: int, checkpoint: str | Path):
+        super().__init__(130)
+        self.step, self.checkpoint = step, Path(checkpoint)
+
+    def __reduce__(self):  # picklable, for the study's worker processes
+        return type(self), (self.step, str(self.checkpoint))
+
+    def __str__(self) -> str:
+        return (f"interrupted at step {self.step}: saved {self.checkpoint}; "
+                "continue with the same command and ckpt_path=last")
+
+
 class GracefulInterrupt(L.Callback):
     """Stop cleanly on SIGTERM or a first Ctrl-C, and keep a resumable checkpoint.
 
@@ -26,6 +46,7 @@ class GracefulInterrupt(L.Callback):
     def __init__(self, dirpath: str | Path):
         self.dirpath = Path(dirpath)
         self._previous = None
+        self.saved: RunInterrupted | None = None  # set when an interrupt saved last.ckpt
 
     def on_fit_start(self, trainer, pl_module):
         connector = trainer._signal_connector
@@ -54,6 +75,7 @@ class GracefulInterrupt(L.Callback):
             path = self.dirpath / "last.ckpt"
             trainer.save_checkpoint(path)
             log.warning("stopped at step %d; saved %s (resume with ckpt_path=last)", trainer.global_step, path)
+            self.saved = RunInterrupted(trainer.global_step, path)
 
 
 class ValidateAtEnd(L.Callback):

@@ -124,7 +124,9 @@ class LMModule(L.LightningModule):
             lr=o.lr,
             betas=tuple(o.betas),
         )
-        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 10_000
+        total = o.get("schedule_steps") or (
+            self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 10_000
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: warmup_cosine(s, o.warmup_steps, total, o.min_lr_ratio)
         )

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONFIG_DIR, tracking
-from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
+from .callbacks import GracefulInterrupt, RunInterrupted, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
 from .errors import ConfigError, DataError
 from .files import write_json, write_text
 from .model import ModelSize
@@ -178,6 +178,45 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
     return ckpt, info
 
 
+def schedule_steps(cfg: DictConfig, ckpt: Path | None, info: dict) -> int:
+    """Length of the run's LR schedule (warm-up + cosine). A fresh run: ``optim.schedule_steps``,
+    else ``trainer.max_steps``. A resume keeps the schedule of the run it continues (from its
+    ``run.json``, or from the checkpoint's config for runs that predate the record), so a run
+    extended past it trains on at the schedule's final LR rather than warming up again."""
+    if ckpt is None:
+        return int(cfg.optim.get("schedule_steps") or cfg.trainer.max_steps)
+    if info.get("schedule_steps"):
+        return int(info["schedule_steps"])
+    old = (load_state(ckpt, mmap=True).get("hyper_parameters") or {}).get("cfg") or {}
+    return int(old.get("optim", {}).get("schedule_steps") or old["trainer"]["max_steps"])
+
+
+def continue_in(run_folder: Path) -> None:
+    """A resume continues in the folder of the run it resumes: Hydra's fresh job folder
+    for this command is folded into it, so no second folder with the same run name is
+    left. Hydra's config of the resume goes to ``<run>/.hydra/resume-<time>/``, and its log
+    is appended to ``<run>/train.log`` (the lines so far, then the rest of the run)."""
+    try:
+        job = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # compose API: no Hydra folder
+        return
+    if not job.is_dir() or job.resolve() == run_folder.resolve():
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == job:
+            handler.close()  # reopened lazily, appending, at the run's own log
+            written = Path(handler.baseFilename)
+            target = run_folder / written.name
+            with open(target, "a") as out:
+                out.write(written.read_text() if written.exists() else "")
+            written.unlink(missing_ok=True)
+            handler.baseFilename, handler.mode = str(target), "a"
+    if (job / ".hydra").is_dir():
+        shutil.move(str(job / ".hydra"), str(run_folder / ".hydra" / f"resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}"))
+    if not any(job.iterdir()):
+        job.rmdir()
+
+
 def initial_weights(module: LMModule, path: str | Path) -> None:
     """``init_from``: the model starts from a checkpoint's weights (fine-tuning);
     refused when they do not fit the model these settings build."""
@@ -205,12 +244,19 @@ RESUMABLE_KEYS = ("trainer.max_steps", "ckpt_path")
 
 
 def describe(cfg: DictConfig, overrides: str) -> str:
-    """One paragraph that tells a run apart in the MLflow run list."""
+    """One paragraph that tells a run apart in the MLflow run list (says when a resume
+    trained past the run's LR schedule, or stopped before its end)."""
     m, d = cfg.model, cfg.data
+    steps, schedule = int(cfg.trainer.max_steps), int(cfg.optim.schedule_steps or cfg.trainer.max_steps)
+    budget = f"{steps} steps of {d.batch_size}"
+    if steps > schedule:
+        budget += f" (extended by a resume: a {schedule}-step schedule, at its final LR after step {schedule})"
+    elif steps < schedule:
+        budget += f" (of a {schedule}-step schedule)"
     return (
         f"{cfg.encoding.name} on {d.corpus.name} (vocabulary {d.vocab_size}, {d.seq_len}-token windows), "
         f"{cfg.task.name}, model d={m.d_model} x {m.n_layers} layers x {m.n_heads} heads, "
-        f"{cfg.trainer.max_steps} steps of {d.batch_size}, seed {cfg.seed}. Overrides: {overrides or '(none)'}"
+        f"{budget}, seed {cfg.seed}. Overrides: {overrides or '(none)'}"
     )
 
 
@@ -231,6 +277,8 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
     tags = {"trainer.max_steps": str(cfg.trainer.max_steps)}
     if resumed:
         tags["resume_overrides"] = overrides or "(none)"
+        original = exp.get_run(run_id).data.tags.get("overrides", "")
+        tags["mlflow.note.content"] = describe(cfg, original)
     else:
         resolved = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
         logger.log_hyperparams({k: str(v)[:6000] for k, v in resolved.items() if k not in RESUMABLE_KEYS})
@@ -275,6 +323,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     datamodule.prepare_data()  # errors about data surface here, before any run exists
     identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
     ckpt, resumed_meta = resolve_resume(cfg, identity)
+    cfg.optim.schedule_steps = schedule_steps(cfg, ckpt, resumed_meta)
     L.seed_everything(cfg.seed, workers=True)
     module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
     if cfg.get("init_from"):
@@ -282,6 +331,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
 
     if ckpt:
         out_dir = Path(ckpt).parent.parent
+        continue_in(out_dir)
     elif out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -295,8 +345,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         mode="min",
         save_top_k=1,
         save_last=True,
+        enable_version_counter=False,  # a resume overwrites last.ckpt (an interrupt wrote it) with the final one
     )
-    callbacks = [checkpoint, GracefulInterrupt(out_dir / "checkpoints"), ValidateAtEnd()]
+    interrupt = GracefulInterrupt(out_dir / "checkpoints")
+    callbacks = [checkpoint, interrupt, ValidateAtEnd()]
     if logger is not None:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.get("enable_progress_bar", True):
@@ -312,7 +364,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         if trainer.is_global_zero:
             write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name,
-                    "identity": identity}
+                    "identity": identity, "schedule_steps": cfg.optim.schedule_steps}
             write_json(out_dir / "run.json", meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -328,6 +380,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         if logger is not None and run_id is not None and trainer.is_global_zero:
             interrupted = isinstance(e, (SIGTERMException, KeyboardInterrupt))
             tracking.end_run(cfg.logger.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
+        if interrupt.saved is not None:
+            raise interrupt.saved from e
         raise
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
@@ -360,6 +414,9 @@ def main(cfg: DictConfig) -> float | None:
         metrics = train(cfg)
     except (ConfigError, DataError) as e:
         refuse(e)
+    except RunInterrupted as e:  # exits 130, as shells expect of Ctrl-C, saying what was saved
+        print(f"{e}", file=sys.stderr)
+        raise
     return metrics.get("val/loss")
 
 
