@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -90,3 +92,33 @@ def test_masking_follows_bert_rule():
     assert not (x[:, 1:][~chosen[:, 1:]] == ids["[MASK]"]).any()
     # validation masks are the same every time
     assert torch.equal(ds[5][0], ds[5][0])
+
+
+def test_relative_data_dir_is_resolved_once_at_import(tmp_path, data_root):
+    """POSENC_DATA_DIR given relative to the starting folder (as the README's
+    `export POSENC_DATA_DIR=../shared/data`) still names that folder after the
+    process changes directory, in the composed config and for child processes."""
+    import os
+    import subprocess
+    import sys
+
+    start = tmp_path / "a" / "b"
+    start.mkdir(parents=True)
+    relative = os.path.relpath(data_root, start)
+    code = (
+        "import os, subprocess, sys\n"
+        "import posenc, posenc.train\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "os.chdir('/')\n"
+        "with initialize_config_dir(config_dir=posenc.CONFIG_DIR, version_base='1.3'):\n"
+        "    cfg = compose('train')\n"
+        "print(cfg.paths.data_dir)\n"
+        "print(subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"POSENC_DATA_DIR\"])'],"
+        " capture_output=True, text=True).stdout.strip())\n"
+    )
+    env = {**os.environ, "POSENC_DATA_DIR": relative}
+    out = subprocess.run([sys.executable, "-c", code], cwd=start, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    composed, child = out.stdout.split()
+    assert composed == child == str(data_root.resolve())
+    assert (Path(composed) / "tinyshakespeare" / "input.txt").is_file()

@@ -13,3 +13,18 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 # ${abspath:...} in configs: an absolute path, so the MLflow URI and caches do not
 # depend on the working directory.
 OmegaConf.register_new_resolver("abspath", lambda p: str(Path(p).expanduser().resolve()), replace=True)
+
+
+def _absolute_env_path(name: str) -> None:
+    """Make a path given in the environment absolute, once, when posenc is imported:
+    ``POSENC_DATA_DIR=../shared/data`` then means the same folder to every later
+    reader (configs, evaluation, the processes posenc or DVC start from another
+    working directory)."""
+    import os
+
+    value = os.environ.get(name)
+    if value:
+        os.environ[name] = str(Path(value).expanduser().resolve())
+
+
+_absolute_env_path("POSENC_DATA_DIR")
