@@ -119,6 +119,12 @@ def test_runs_tell_themselves_apart(make_cfg, tmp_path):
     ("ckpt_path=last", "ckpt_path=last"),
     ("paths.data_dir=/no/such/folder", "paths.data_dir"),
     ("encoding.scheme.fraction=0.3", "encoding.scheme.fraction"),
+    ("optim.lr=-0.001", "optim.lr=-0.001 must be positive"),
+    ("optim.lr=abc", "optim.lr=abc is not a number"),
+    ("optim.betas=[0.9,1.5]", "optim.betas"),
+    ("seed=x", "seed=x must be an integer"),
+    ("encoding=nope", "encoding=nope is not an option; available: alibi, cape,"),
+    ("model.d_model=abc", "model.d_model: Value 'abc' of type 'str' could not be converted to Integer"),
 ])
 def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, cache_dir, bad, setting):
     r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad)
@@ -126,17 +132,44 @@ def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, ca
     assert "Traceback" not in r.stderr + r.stdout
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and setting in errors[0], r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == errors  # nothing but the one line
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no run folder, no MLflow store
 
 
 def test_misspelt_setting_gets_the_closest_one(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "trainer.max_step=10")
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == (
+    assert r.stderr.strip().splitlines() == [  # Hydra's own report is not printed before it
         "error: trainer.max_step is not a setting; did you mean trainer.max_steps? "
         "(to add a new key, write +trainer.max_step=10)"
-    )
+    ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_logger_null_trains_without_mlflow(tmp_path, data_root, cache_dir):
+    r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), "logger=null", "trainer.max_steps=2",
+             "trainer.val_check_interval=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    assert len(list(tmp_path.glob("outputs/runs/*/checkpoints/last.ckpt"))) == 1
+
+
+def test_own_folder_missing_names_only_its_setting(make_cfg, tmp_path):
+    with pytest.raises(DataError) as err:
+        train(make_cfg("data=text", f"data.corpus.root={tmp_path / 'nowhere'}"))
+    assert "data.corpus.root" in str(err.value) and "hub" not in str(err.value)
+
+
+def test_refused_corpus_leaves_no_cache_folder_or_lock(make_cfg, tmp_path):
+    """A corpus too small to split is refused; its half-made cache folder and lock go."""
+    own = tmp_path / "tiny"
+    own.mkdir()
+    (own / "t.txt").write_text("one line\ntwo lines\nthree lines\n")
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match="leave an empty split of 3 lines"):
+        train(make_cfg("data=text", f"data.corpus.root={own}", "data.vocab_size=260", f"paths.cache_dir={cache}"))
+    assert list(cache.iterdir()) == []
 
 
 def test_console_says_steps_and_where_the_run_is(tmp_path, data_root, cache_dir):

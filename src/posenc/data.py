@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class Corpus:
         if not root.is_dir():
             raise DataError(
                 f"data directory {root} does not exist; set {self.root_setting} to the folder "
-                f"that holds the {self.name} files, or unset it to load from the hub"
+                f"that holds the {self.name} files" + (", or unset it to load from the hub" if self.hub else "")
             )
         out = {}
         for split, patterns in self.files.items():
@@ -226,10 +227,17 @@ def prepare(corpus: Corpus, cache_dir: str | os.PathLike, vocab_size: int, min_f
     if meta_path.exists():
         return PreparedData(directory, json.loads(meta_path.read_text()))
     directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory) + ".lock"):  # parallel runs (DDP ranks, sweeps) prepare once
-        if meta_path.exists():
-            return PreparedData(directory, json.loads(meta_path.read_text()))
-        meta = _build(corpus, directory, key_src)
+    lock = Path(str(directory) + ".lock")
+    try:
+        with FileLock(str(lock)):  # parallel runs (DDP ranks, sweeps) prepare once
+            if meta_path.exists():
+                return PreparedData(directory, json.loads(meta_path.read_text()))
+            meta = _build(corpus, directory, key_src)
+    except BaseException:  # a refused or interrupted preparation leaves no half-made cache behind
+        if not meta_path.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+        raise
     return PreparedData(directory, meta)
 
 

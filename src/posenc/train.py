@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 import re
 import shutil
@@ -52,6 +53,9 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.data.seq_len < 1:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
+    check_optim(cfg)
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
+        raise ConfigError(f"seed={cfg.seed} must be an integer")
     if cfg.get("init_from") and cfg.ckpt_path not in (None, ""):
         raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
     try:
@@ -61,6 +65,42 @@ def check_config(cfg: DictConfig) -> None:
         scheme.check_length(int(cfg.data.seq_len))
     except ValueError as e:  # the scheme's own checks name the setting
         raise ConfigError(str(e)) from e
+
+
+def check_optim(cfg: DictConfig) -> None:
+    """Refuse optimiser settings that cannot train, naming the setting: a learning rate
+    that is not a positive number, negative weight decay or warm-up, betas outside
+    [0, 1), a final LR ratio outside [0, 1], a schedule shorter than one step."""
+    o = cfg.optim
+
+    def number(key: str) -> float:
+        value = o.get(key)
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"optim.{key}={value} is not a number") from None
+        if not math.isfinite(x):
+            raise ConfigError(f"optim.{key}={value} must be finite")
+        return x
+
+    if number("lr") <= 0:
+        raise ConfigError(f"optim.lr={o.lr} must be positive, e.g. optim.lr=1e-3")
+    if number("weight_decay") < 0:
+        raise ConfigError(f"optim.weight_decay={o.weight_decay} must be at least 0")
+    if number("warmup_steps") < 0 or float(o.warmup_steps) != int(float(o.warmup_steps)):
+        raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be a whole number of steps, at least 0")
+    if not 0 <= number("min_lr_ratio") <= 1:
+        raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio} must lie in [0, 1]")
+    betas = list(o.betas) if OmegaConf.is_list(o.betas) else None
+    try:
+        ok = betas is not None and len(betas) == 2 and all(0 <= float(b) < 1 for b in betas)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"optim.betas={o.betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.95]")
+    steps = o.get("schedule_steps")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ConfigError(f"optim.schedule_steps={steps} must be a whole number of steps, at least 1, or null")
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -420,48 +460,68 @@ def main(cfg: DictConfig) -> float | None:
     return metrics.get("val/loss")
 
 
-def misspelt_key(overrides: list[str]) -> str | None:
-    """For ``trainer.max_step=10``: a one-line message with the closest real
-    setting; ``None`` when the overrides compose (Hydra reports other errors)."""
+def composition_error(overrides: list[str]) -> str | None:
+    """One line for command-line overrides that do not compose (an unknown option of a
+    group, a misspelt key with the closest real one, a value of the wrong type, a
+    malformed override); ``None`` when they compose. Hydra's own report of these is
+    several lines and a traceback; this is what ``cli`` prints instead."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
 
-    plain = [o for o in overrides if "=" in o and not o.lstrip("+~").startswith("hydra")]
+    plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             compose("train", overrides=plain)
             return None
+    except MissingConfigException as e:
+        found = re.search(r"Could not find '([^/']+)/([^']+)'", str(e))
+        if not found:
+            return f"error: {str(e).splitlines()[0]}"
+        group, name = found.groups()
+        options = ", ".join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob("*.yaml")))
+        return f"error: {group}={name} is not an option; available: {options}"
     except HydraException as e:
+        cause = str(e.__cause__ or "")
         found = re.search(r"Could not override '([^']+)'", str(e))
-        if not found or "not in struct" not in str(e.__cause__):
-            return None
-        key = found.group(1)
-        try:
-            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                base = compose("train", overrides=[o for o in plain if o.split("=", 1)[0] != key])
-        except HydraException:
-            return None
-        keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
-        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-        value = next(o.split("=", 1)[1] for o in plain if o.split("=", 1)[0] == key)
-        hint = f"did you mean {close[0]}? " if close else ""
-        return f"error: {key} is not a setting; {hint}(to add a new key, write +{key}={value})"
+        if found and "not in struct" in cause:
+            return _misspelt(found.group(1), plain)
+        key = re.search(r"full_key: (\S+)", cause)
+        if key and cause:
+            return f"error: {key.group(1)}: {cause.splitlines()[0]}"
+        return f"error: {str(e).splitlines()[0]}"
+
+
+def _misspelt(key: str, overrides: list[str]) -> str:
+    """``trainer.max_step=10``: the closest real setting."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        base = compose("train", overrides=[o for o in overrides if o.split("=", 1)[0] != key])
+    keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"error: {key} is not a setting; {hint}(to add a new key, write +{key}={value})"
+
+
+def _null_groups(args: list[str]) -> list[str]:
+    """``logger=null`` (any config group set to null) means the group is left out: Hydra's ``~logger``."""
+    groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir()}
+    return [f"~{a.split('=', 1)[0]}" if a.endswith("=null") and a.split("=", 1)[0] in groups else a for a in args]
 
 
 def cli() -> None:
-    """``python train.py``: Hydra's ``main``; when a single run fails to start (Hydra
-    exits 1 on a setting it cannot override), a misspelt setting gets one more
-    line naming the closest real one (nothing has been written by then)."""
-    try:
-        main()
-    except SystemExit as e:
-        args = sys.argv[1:]
-        if e.code == 1 and not any(a.startswith("-") for a in args):  # sweeps and flags: Hydra's report
-            message = misspelt_key(args)
-            if message:
-                print(message, file=sys.stderr)
-                sys.exit(2)
-        raise
+    """``python train.py``: Hydra's ``main``. A single run whose overrides do not compose
+    stops first with one line (exit 2, as every refusal; nothing is written); sweeps and
+    flags (``-m``, ``--help``) keep Hydra's own handling."""
+    sys.argv[1:] = _null_groups(sys.argv[1:])
+    args = sys.argv[1:]
+    if not any(a.startswith("-") for a in args):
+        message = composition_error(args)
+        if message:
+            print(message, file=sys.stderr)
+            sys.exit(2)
+    main()
 
 
 if __name__ == "__main__":
