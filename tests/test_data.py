@@ -122,3 +122,69 @@ def test_relative_data_dir_is_resolved_once_at_import(tmp_path, data_root):
     composed, child = out.stdout.split()
     assert composed == child == str(data_root.resolve())
     assert (Path(composed) / "tinyshakespeare" / "input.txt").is_file()
+
+
+#: what each data= option must ask of the hub (checked against the hub repositories' stored
+#: file listings: see the README's Data section) and how the real dataset is shaped
+HUB = {
+    "wikitext2": (("Salesforce/wikitext", "wikitext-2-v1"), {}, "rows"),
+    "wikitext103": (("Salesforce/wikitext", "wikitext-103-v1"), {}, "rows"),
+    "tinyshakespeare": (("karpathy/tiny_shakespeare", None),
+                        {"revision": "54795ddc6936bb3fc688edc4427abea2006bfab2"}, "one row"),
+    "gutenberg": (("deepmind/pg19", None), {}, "script"),
+    "text": None,  # own folder only
+}
+
+
+def _stand_in(shape: str):
+    """A ``datasets.load_dataset`` that records its call and returns what the hub holds."""
+    import datasets
+
+    calls = []
+    text = {s: "".join(f"{s} line {i} of the corpus\n" for i in range(40)) for s in ("train", "validation", "test")}
+
+    def load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        if shape == "script":
+            raise RuntimeError(f"Dataset scripts are no longer supported, but found {args[0].split('/')[-1]}.py")
+        if shape == "one row":
+            return datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t]}) for s, t in text.items()})
+        return datasets.DatasetDict(
+            {s: datasets.Dataset.from_dict({"text": t.splitlines(keepends=True)}) for s, t in text.items()})
+
+    return load_dataset, calls
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "data").glob("*.yaml")))
+def test_hub_arguments_of_every_data_option(option, monkeypatch):
+    """Each data= option, composed with no local folder, asks the hub for what the
+    table says (no setting leaks in from the config it extends) and turns what the
+    hub holds into one row per line with train, validation and test."""
+    import datasets
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from posenc.data import DataError
+    from posenc.train import CONFIG_DIR
+
+    assert option in HUB, f"conf/data/{option}.yaml has no row in the HUB table of this test"
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[f"data={option}", "paths.data_dir=null"])
+    corpus = instantiate(cfg.data.corpus)
+    if HUB[option] is None:
+        with pytest.raises(DataError, match="reads only the folder you name"):
+            corpus.fingerprint()
+        return
+    (args, kwargs, shape) = HUB[option]
+    load_dataset, calls = _stand_in(shape)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    if shape == "script":
+        with pytest.raises(DataError, match="loading-script dataset, which datasets >= 4 no longer runs"):
+            corpus.load()
+    else:
+        ds = corpus.load()
+        assert set(ds) == {"train", "validation", "test"}
+        for split in ds:
+            lines = ds[split]["text"]
+            assert len(lines) == 40 and lines[3] == f"{split} line 3 of the corpus\n"
+    assert calls == [(args, kwargs)]

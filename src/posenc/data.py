@@ -50,7 +50,8 @@ class Corpus:
         files: split -> glob patterns relative to ``root``.
         split_fractions: for corpora shipped as one split: the share of lines
             (taken from the end, in order) that becomes validation and test.
-        hub: ``{"path": ..., "name": ...}`` for ``datasets.load_dataset``.
+        hub: ``{"path": ..., "name": ..., "revision": ...}`` for ``datasets.load_dataset``
+            (None values are left out); a split held in one row is split into lines.
         root_setting: the setting that sets ``root`` (named in errors).
     """
 
@@ -119,17 +120,21 @@ class Corpus:
                 "text", data_files={s: [str(p) for p in ps] for s, ps in files.items()}, keep_linebreaks=True
             )
         else:
-            hub = dict(self.hub)
+            hub = {k: v for k, v in self.hub.items() if v is not None}
             try:
                 ds = datasets.load_dataset(hub.pop("path"), hub.pop("name", None), **hub)
             except Exception as e:  # network or hub errors: say what to do offline
+                why = str(e).splitlines()[0][:300] if str(e) else ""
+                if "scripts are no longer supported" in why:
+                    why = f"{self.hub['path']} is a loading-script dataset, which datasets >= 4 no longer runs"
                 raise DataError(
-                    f"could not load data={self.name} from the hub ({type(e).__name__}: {e}); "
-                    f"offline, set {self.root_setting} to a local copy"
+                    f"could not load data={self.name} from the hub ({type(e).__name__}: {why}); "
+                    f"set {self.root_setting} to a local copy of its files"
                 ) from e
             if self.text_column != "text":
                 ds = ds.rename_column(self.text_column, "text")
-        if self.split_fractions:
+            ds = _lines(ds)
+        if self.split_fractions and not all(s in ds for s in SPLITS):
             ds = _split_by_fraction(ds["train"], self.split_fractions)
         missing = [s for s in SPLITS if s not in ds]
         if missing:
@@ -147,6 +152,17 @@ def _check_utf8(path: Path) -> bytes:
             f"`iconv -f latin1 -t utf-8`, or remove it from the data folder"
         ) from e
     return data
+
+
+def _lines(ds):
+    """One row per line (line breaks kept), as the local files are read: hub datasets
+    that hold a whole split in one row (Tiny Shakespeare) are split into lines; those
+    with a line per row (WikiText) are unchanged."""
+
+    def split(batch):
+        return {"text": [line for text in batch["text"] for line in text.splitlines(keepends=True)]}
+
+    return ds.map(split, batched=True, remove_columns=ds["train"].column_names, desc="lines")
 
 
 def _split_by_fraction(train, fractions: dict[str, float]):
