@@ -5,7 +5,8 @@ run of the study links to it.
         figures/extrapolation.png figures/correlations results/lm_table.json ...
 
 The run is named ``study-<first 8 hex digits of sha256(params.yaml)>`` in the
-experiment ``posenc`` of the project's store (the one training logs to:
+experiment ``--experiment`` (the DVC stage: ``posenc-study``, where the study's training
+runs are too) of the project's store (the one training logs to:
 ``$MLFLOW_TRACKING_URI`` or ``sqlite:///<POSENC_ROOT or .>/mlflow.db``, artifacts
 in ``mlartifacts/`` beside it). Its tags: ``kind=study``, ``params_sha256``, the
 git commit and dirty flag of the checkout, and a description
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from posenc.files import write_json
-    from posenc.tracking import ensure_experiment, git_state
+    from posenc.tracking import ensure_experiment, git_state, ui_url
 
     raw = Path(a.params).read_bytes()
     params_sha = hashlib.sha256(raw).hexdigest()
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     server = (f"mlflow ui --backend-store-uri {portable} --host 127.0.0.1" if portable.startswith("sqlite:")
               else f"the MLflow server at {portable}")
     print(f"study run {run_name} ({len(artifacts)} artifacts, {len(linked)} training runs linked): start "
-          f"{server}, then open http://127.0.0.1:5000/#/experiments/{exp_id}/runs/{run_id}")
+          f"{server}, then open {ui_url(exp_id)} (the study's runs) or {ui_url(exp_id, run_id)} (this run)")
     return 0
 
 

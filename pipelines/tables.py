@@ -6,14 +6,16 @@ Welch t-test for "does <scheme> help?", and where the study's time went.
         --out-dir results --md-dir figures
 
 Reads what ``pipelines.study`` writes (one ``results/runs/<scheme>.json`` per
-scheme, one extrapolation file per scheme) and writes, each as JSON (for
-``dvc metrics``) and Markdown (for the README):
+scheme, one extrapolation file per scheme) and writes, each as JSON and Markdown
+(for the README):
 
 * ``lm_table``: perplexity at every evaluation length, mean ± sample sd over
   seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged;
 * ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, the
   difference of accuracy to ``none`` with its Welch test, and the question
   scheme against each scheme of ``--against`` and the best scheme;
+* ``metrics/<scheme>.json``: the headline numbers of a scheme (``headline``), the
+  pipeline's only metrics, so ``dvc metrics show`` prints one short row per scheme;
 * ``timing.json``: per study stage its wall time, start-up, training and
   evaluation seconds (worker-seconds: with 2 workers, twice the wall time at most).
 
@@ -180,6 +182,19 @@ def timing(run_files: list[str | Path]) -> dict:
             | {"runs": sum(s["runs"] for s in stages.values())}}
 
 
+def headline(lm: dict, mlm: dict) -> dict:
+    """Per scheme, the numbers ``dvc metrics show`` prints (seed means): ppl at L and at
+    the longest length (``ppl_16L`` for 16 x L), their ratio, and masked-LM accuracy."""
+    out = {}
+    for scheme, e in lm.items():
+        L, r = e["train_len"], e["ratio_longest"]
+        at = lambda t: (e["lengths"].get(t) or e["lengths"].get(str(t)) or {}).get("mean")  # noqa: E731
+        out[scheme] = {"ppl_L": at(L), f"ppl_{r['longest'] // L}L": at(r["longest"]), "ratio": r["mean"]}
+    for scheme, e in mlm["summary"].items():
+        out.setdefault(scheme, {})["mlm_acc"] = e["acc_mean"]
+    return {s: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for s, row in out.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipelines.tables", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
     write_json(out / "timing.json", timing(a.runs))
+    for scheme, row in headline(lm, mlm).items():  # one file per scheme: one row each in `dvc metrics show`
+        write_json(out / "metrics" / f"{scheme}.json", row)
     print(lm_markdown(lm))
     print(mlm_markdown(mlm))
 

@@ -70,6 +70,8 @@ def _check_study_run(root: Path) -> None:
     sha = hashlib.sha256((root / "params.yaml").read_bytes()).hexdigest()
     assert run.info.run_name == f"study-{sha[:8]}" == study["run_name"] and run.info.status == "FINISHED"
     assert run.data.tags["params_sha256"] == sha and "dvc repro" in run.data.tags["mlflow.note.content"]
+    # the study's runs have an experiment of their own, apart from ad-hoc runs
+    assert client.get_experiment(run.info.experiment_id).name == study["experiment"] == "posenc-study"
 
     def listed(path: str) -> set[str]:
         return {a.path for a in client.list_artifacts(study["run_id"], path)}
@@ -86,7 +88,9 @@ def _check_study_run(root: Path) -> None:
     metas = sorted(root.glob("runs/*/*/run.json"))  # runs/<scheme>/<task>-s<seed>/run.json
     assert len(metas) == 2 * 2 + 2 * 2 + 2 and study["linked_runs"] == len(metas)
     for meta in metas:
-        tags = client.get_run(json.loads(meta.read_text())["mlflow_run_id"]).data.tags
+        linked = client.get_run(json.loads(meta.read_text())["mlflow_run_id"])
+        assert linked.info.experiment_id == run.info.experiment_id, meta
+        tags = linked.data.tags
         assert tags["study_run_id"] == study["run_id"], meta
         if meta.parent.name.startswith("lm-"):  # extrapolation metrics: step = evaluation length
             assert tags["extrapolation.step"].startswith("evaluation length"), meta
@@ -142,3 +146,15 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
 
     plots = _dvc(tmp_path, "plots", "show", "--json")
     assert plots.returncode == 0, plots.stderr[-2000:]
+    # the views: one short row per scheme in `dvc metrics show`; `dvc plots show` draws the
+    # study's figures as images, with no script to fetch from the internet (it works offline)
+    metrics = _dvc(tmp_path, "metrics", "show")
+    assert metrics.returncode == 0, metrics.stderr[-2000:]
+    rows = metrics.stdout.strip().splitlines()
+    assert len(rows) == 1 + 3 and max(map(len, rows)) < 120, metrics.stdout
+    assert rows[0].split() == ["Path", "mlm_acc", "ppl_16L", "ppl_L", "ratio"], rows[0]
+    html = _dvc(tmp_path, "plots", "show", "--out", "dvc_plots")
+    assert html.returncode == 0, html.stderr[-2000:]
+    page = (tmp_path / "dvc_plots" / "index.html").read_text()
+    assert "<script" not in page and page.count("<img") == 3, page[:2000]
+    assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()

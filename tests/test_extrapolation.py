@@ -267,3 +267,23 @@ def test_checkpoint_of_another_model_layout_is_refused_clearly(trained, tmp_path
     torch.save(state, old)
     with pytest.raises(ConfigError, match=r"old\.ckpt does not fit the model .*lm_head"):
         load_module(old)
+
+
+def test_evaluating_twice_logs_each_length_once(trained, tmp_path):
+    """`pipelines.extrapolate` run twice on the same run: MLflow holds one point per
+    evaluation length, not two (the second evaluation gives the same values)."""
+    from pipelines.extrapolate import main
+
+    root = tmp_path / "own"
+    cfg = compose_cfg(root, trained["cfg"].paths.data_dir, trained["cfg"].paths.cache_dir,
+                      "trainer.max_steps=2", "trainer.val_check_interval=2", f"data.seq_len={TRAIN_LEN}")
+    train(cfg)
+    (run_dir,) = (root / "outputs" / "runs").iterdir()
+    args = [str(run_dir), "--multipliers", "1", "2", "--methods", "nonoverlapping", "--max-tokens", "512",
+            "--no-progress", "--out", str(tmp_path / "x.csv")]
+    main(args)
+    main(args)
+    run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")
+    steps = [m.step for m in client.get_metric_history(run_id, "extrapolation/ppl_nonoverlapping")]
+    assert sorted(steps) == [TRAIN_LEN, 2 * TRAIN_LEN]

@@ -89,6 +89,7 @@ def test_publish_logs_artifacts_links_runs_and_reuses_the_run(project, capsys):
     printed = capsys.readouterr().out
     assert "mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1" in printed
     assert f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{info['run_id']}" in printed
+    assert f"http://127.0.0.1:5000/#/experiments/{exp}?workflowType=machine_learning" in printed
 
     # the study run: tags, params, artifacts at their project paths
     run = client.get_run(info["run_id"])

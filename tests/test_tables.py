@@ -48,6 +48,11 @@ def test_lm_table_ratio_per_seed_and_not_applicable(tmp_path):
     assert t["learned"]["ratio_longest"]["mean"] is None and t["learned"]["lengths"][8]["n"] == 0
     md = tables.lm_markdown(t)
     assert "| `sin` | 3.00 ± 1.41 | 5.00 ± 1.41 | 1.75 ± 0.35 | 2 |" in md and "n/a" in md
+    # the headline numbers `dvc metrics show` prints: seed means at L and the longest length
+    mlm = {"summary": {"sin": {"acc_mean": 0.25}}}
+    head = tables.headline(t, mlm)
+    assert head["sin"] == {"ppl_L": 3.0, "ppl_2L": 5.0, "ratio": 1.75, "mlm_acc": 0.25}
+    assert head["learned"] == {"ppl_L": 3.0, "ppl_2L": None, "ratio": None}
 
 
 def test_mlm_table_tests_the_question_against_the_list_and_the_best(tmp_path):

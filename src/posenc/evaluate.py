@@ -281,7 +281,11 @@ def log_to_mlflow(
         for r in rows
         if r.get("ppl") is not None and math.isfinite(r["ppl"])
     ]
-    client.log_batch(run_id, metrics=metrics)
+    # an evaluation run again gives the same values: log only points the run does not hold yet
+    # (MLflow keeps every point, so re-logging would draw each length twice)
+    held = {key: {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
+            for key in {m.key for m in metrics}}
+    client.log_batch(run_id, metrics=[m for m in metrics if (m.step, m.value) not in held[m.key]])
     for k, v in {STEP_TAG[0]: STEP_TAG[1], **(tags or {})}.items():
         client.set_tag(run_id, k, str(v))
     for f in files:

@@ -76,8 +76,10 @@ class LMModule(L.LightningModule):
                 f"with encoding={self.cfg.encoding.name}"
             )
         if stage == "train":  # one batch: its perplexity is exp(loss), no metric state needed
+            # no train/ppl: exp(loss) of single batches spans ~260 -> ~7 and flattens its chart;
+            # one LR (every parameter group follows the same schedule)
             self.log("train/loss", loss, on_step=True, prog_bar=True)
-            self.log("train/ppl", loss.detach().exp(), on_step=True)
+            self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True)
             return loss
         metric(logits.detach(), y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)

@@ -144,11 +144,19 @@ def log_dataset(client, run_id: str, name: str, meta: Mapping) -> None:
     client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
 
 
+def ui_url(experiment_id: str, run_id: str | None = None, base: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs table, or a run's page. MLflow 3.17 opens both in its GenAI
+    view (traces, evaluations) whatever the experiment's ``mlflow.experimentKind`` tag
+    says, unless the URL asks for the model-training view (checked in Chromium:
+    ``pipelines/browse.py``)."""
+    page = f"{experiment_id}/runs/{run_id}" if run_id else f"{experiment_id}"
+    return f"{base}/#/experiments/{page}?workflowType=machine_learning"
+
+
 def how_to_open(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Where to find a run in the MLflow UI (MLflow 3 opens in its GenAI view:
-    runs are under "Model training")."""
+    """Where to find a run in the MLflow UI: the runs table and the run's own page."""
     server = f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
     if not tracking_uri.startswith("sqlite:"):
         server = f"the MLflow server at {tracking_uri}"
-    return (f"MLflow run {run_id}: start {server}, then open "
-            f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")
+    return (f"MLflow run {run_id}: start {server}, then open {ui_url(experiment_id)} (runs table) "
+            f"or {ui_url(experiment_id, run_id)} (this run)")

@@ -23,7 +23,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -69,7 +69,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_optim(cfg: DictConfig) -> None:
     """Refuse optimiser settings that cannot train, naming the setting: a learning rate
-    that is not a positive number, negative weight decay or warm-up, betas outside
+    that is not a number or is negative, negative weight decay or warm-up, betas outside
     [0, 1), a final LR ratio outside [0, 1], a schedule shorter than one step."""
     o = cfg.optim
 
@@ -83,8 +83,8 @@ def check_optim(cfg: DictConfig) -> None:
             raise ConfigError(f"optim.{key}={value} must be finite")
         return x
 
-    if number("lr") <= 0:
-        raise ConfigError(f"optim.lr={o.lr} must be positive, e.g. optim.lr=1e-3")
+    if number("lr") < 0:  # 0 is allowed: a run that must not change its weights (a test of init_from)
+        raise ConfigError(f"optim.lr={o.lr} must not be negative, e.g. optim.lr=1e-3")
     if number("weight_decay") < 0:
         raise ConfigError(f"optim.weight_decay={o.weight_decay} must be at least 0")
     if number("warmup_steps") < 0 or float(o.warmup_steps) != int(float(o.warmup_steps)):
@@ -321,6 +321,8 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
         tags["mlflow.note.content"] = describe(cfg, original)
     else:
         resolved = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
+        counts = module.model.num_parameters()  # params, not a one-point metric chart
+        resolved.update({"parameters.total": counts["total"], "parameters.positional": counts["positional"]})
         logger.log_hyperparams({k: str(v)[:6000] for k, v in resolved.items() if k not in RESUMABLE_KEYS})
         meta = prepared.meta
         tags.update({
@@ -331,8 +333,6 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
             **tracking.git_state(cfg.paths.root), **tracking.library_versions(),
         })
         tracking.log_dataset(exp, run_id, cfg.data.corpus.name, meta)
-        counts = module.model.num_parameters()
-        logger.log_metrics({"params/total": counts["total"], "params/positional": counts["positional"]}, step=0)
     from mlflow.entities import RunTag
 
     exp.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])  # one transaction
@@ -389,8 +389,6 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     )
     interrupt = GracefulInterrupt(out_dir / "checkpoints")
     callbacks = [checkpoint, interrupt, ValidateAtEnd()]
-    if logger is not None:
-        callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
