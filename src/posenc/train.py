@@ -235,26 +235,30 @@ def continue_in(run_folder: Path) -> None:
     """A resume continues in the folder of the run it resumes: Hydra's fresh job folder
     for this command is folded into it, so no second folder with the same run name is
     left. Hydra's config of the resume goes to ``<run>/.hydra/resume-<time>/``, and its log
-    is appended to ``<run>/train.log`` (the lines so far, then the rest of the run)."""
+    is appended to ``<run>/train.log`` (the lines so far, then the rest of the run). Under
+    DDP every rank points its own log handler there; rank 0 alone moves files."""
     try:
         job = Path(HydraConfig.get().runtime.output_dir)
     except ValueError:  # compose API: no Hydra folder
         return
     if not job.is_dir() or job.resolve() == run_folder.resolve():
         return
+    first = rank_zero_only.rank == 0
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == job:
             handler.close()  # reopened lazily, appending, at the run's own log
-            written = Path(handler.baseFilename)
-            target = run_folder / written.name
-            with open(target, "a") as out:
-                out.write(written.read_text() if written.exists() else "")
-            written.unlink(missing_ok=True)
+            written, target = Path(handler.baseFilename), run_folder / Path(handler.baseFilename).name
+            if first and written.exists():
+                with open(target, "a") as out:
+                    out.write(written.read_text())
+                written.unlink()
             handler.baseFilename, handler.mode = str(target), "a"
-    if (job / ".hydra").is_dir():
-        shutil.move(str(job / ".hydra"), str(run_folder / ".hydra" / f"resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}"))
-    if not any(job.iterdir()):
-        job.rmdir()
+    if first:
+        if (job / ".hydra").is_dir():
+            resumed = run_folder / ".hydra" / f"resume-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+            shutil.move(str(job / ".hydra"), str(resumed))
+        if not any(job.iterdir()):
+            job.rmdir()
 
 
 def initial_weights(module: LMModule, path: str | Path) -> None:
