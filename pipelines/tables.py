@@ -90,6 +90,12 @@ def lm_table(paths: list[str | Path]) -> dict:
     return out
 
 
+def at_length(entry: dict, length: int) -> dict:
+    """A scheme's statistics at one evaluation length ({} if absent); the keys are ints
+    when the table was just built and strings when it was read back from JSON."""
+    return entry["lengths"].get(length) or entry["lengths"].get(str(length)) or {}
+
+
 def lm_markdown(table: dict) -> str:
     lengths = sorted({int(k) for e in table.values() for k in e["lengths"]})
     L = min(e["train_len"] for e in table.values())
@@ -102,7 +108,7 @@ def lm_markdown(table: dict) -> str:
         e = table[s]
         cells = []
         for t in lengths:
-            c = e["lengths"].get(t) or e["lengths"].get(str(t))
+            c = at_length(e, t)
             cells.append("n/a" if not c or c["mean"] is None else f"{c['mean']:.2f} ± {c['sd']:.2f}")
         r = e["ratio_longest"]
         ratio = "—" if r["mean"] is None else f"{r['mean']:.2f} ± {r['sd']:.2f}"
@@ -188,8 +194,8 @@ def headline(lm: dict, mlm: dict) -> dict:
     out = {}
     for scheme, e in lm.items():
         L, r = e["train_len"], e["ratio_longest"]
-        at = lambda t: (e["lengths"].get(t) or e["lengths"].get(str(t)) or {}).get("mean")  # noqa: E731
-        out[scheme] = {"ppl_L": at(L), f"ppl_{r['longest'] // L}L": at(r["longest"]), "ratio": r["mean"]}
+        longest = at_length(e, r["longest"]).get("mean")
+        out[scheme] = {"ppl_L": at_length(e, L).get("mean"), f"ppl_{r['longest'] // L}L": longest, "ratio": r["mean"]}
     for scheme, e in mlm["summary"].items():
         out.setdefault(scheme, {})["mlm_acc"] = e["acc_mean"]
     return {s: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for s, row in out.items()}
