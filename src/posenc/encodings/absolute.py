@@ -40,6 +40,8 @@ class NoPE(PositionalScheme):
     one sees a bag of words.
     """
 
+    relative = True  # no position at all: nothing changes under a shift
+
 
 class Sinusoidal(PositionalScheme):
     """Fixed absolute sinusoids added to the input (Vaswani et al. 2017)."""

@@ -29,6 +29,8 @@ import torch
 from torch import Tensor, nn
 
 TERM_NAMES = ("word-word", "word-position", "position-word", "position-position")
+#: the kinds of scheme (``PositionalScheme.family``), in the order figures show them
+FAMILIES = ("none", "absolute", "rotary", "position bias", "content-relative")
 
 
 class PositionalScheme(nn.Module):
@@ -53,6 +55,11 @@ class PositionalScheme(nn.Module):
     #: the bias depends on positions alone (not on q, k): the model computes it,
     #: with the causal mask folded in, once per forward and scheme instance
     position_only_bias: bool = False
+    #: the logits depend on positions only through the distance j - i, so shifting
+    #: every position by the same amount changes nothing. A claim about the math, so
+    #: it is declared; the tests check it both ways (unchanged under a shift when
+    #: True, changed when False)
+    relative: bool = False
 
     def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, causal: bool = True):
         super().__init__()
@@ -71,6 +78,23 @@ class PositionalScheme(nn.Module):
         self.head_dim = d_model // n_heads
         self.max_len = max_len
         self.causal = causal
+
+    @classmethod
+    def family(cls) -> str:
+        """The kind of scheme, read from what it defines (one of ``FAMILIES``):
+        ``content-relative`` (a bias that depends on q or k, or a value term),
+        ``position bias`` (a bias from positions alone), ``rotary`` (``rotate``),
+        ``absolute`` (``embed``) or ``none``. The first that applies wins, in that
+        order. Figures group schemes by it."""
+        if cls.uses_value_term or (cls.has_bias and not cls.position_only_bias):
+            return "content-relative"
+        if cls.has_bias:
+            return "position bias"
+        if cls.rotate is not PositionalScheme.rotate:
+            return "rotary"
+        if cls.embed is not PositionalScheme.embed:
+            return "absolute"
+        return "none"
 
     # ------------------------------------------------------------------ hooks
     def embed(self, x: Tensor, pos: Tensor) -> Tensor | None:

@@ -76,6 +76,7 @@ class ALiBi(PositionalScheme):
 
     has_bias = True
     position_only_bias = True
+    relative = True
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -97,6 +98,7 @@ class T5Bias(PositionalScheme):
 
     has_bias = True
     position_only_bias = True
+    relative = True
     shared_across_layers = True
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw):
@@ -132,6 +134,7 @@ class Kerple(PositionalScheme):
 
     has_bias = True
     position_only_bias = True
+    relative = True
     shared_across_layers = False
 
     def __init__(
@@ -194,6 +197,7 @@ class FIRE(PositionalScheme):
 
     has_bias = True
     position_only_bias = True
+    relative = True
     shared_across_layers = False
 
     def __init__(

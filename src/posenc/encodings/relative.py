@@ -226,6 +226,7 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
 
     has_bias = True
     uses_value_term = True
+    relative = True
     shared_across_layers = False
 
     def __init__(self, *, max_relative_position: int = 16, init_std: float = 0.02, **kw):
@@ -277,6 +278,7 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
     """
 
     has_bias = True
+    relative = True
     shared_across_layers = False
 
     def __init__(self, *, max_relative_position: int | None = None, init_std: float = 0.02, **kw):
@@ -324,6 +326,7 @@ class TransformerXL(PositionalScheme):
     """
 
     has_bias = True
+    relative = True
     shared_across_layers = False
 
     def __init__(self, *, base: float = 10000.0, init_std: float = 0.02, **kw):
@@ -382,6 +385,7 @@ class FixedBidirectional(_ContentBiasTerms, PositionalScheme):
     """
 
     has_bias = True
+    relative = True
 
     def __init__(self, *, base: float = 10000.0, **kw):
         super().__init__(**kw)

@@ -72,6 +72,9 @@ class RoPE(PositionalScheme):
     """
 
     SCALINGS = ("pi", "ntk", "yarn")
+    # plain RoPE; with a scaling rule the factor s follows the largest position, so a
+    # shift past L changes the logits (the rules are evaluation settings)
+    relative = True
 
     def __init__(
         self,
@@ -180,6 +183,7 @@ class XPos(PositionalScheme):
     """
 
     causal_only = True
+    relative = True
 
     def __init__(self, *, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0, **kw):
         super().__init__(**kw)
