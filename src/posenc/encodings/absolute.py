@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor, nn
@@ -37,14 +36,22 @@ class NoPE(PositionalScheme):
     """No positional information (Kazemnejad et al. 2023, "NoPE").
 
     A causal model can still infer positions from the mask; a bidirectional
-    one sees a bag of words.
+    one sees a bag of words. Checked against that bag-of-words property
+    (permuting the input tokens of a bidirectional model permutes its outputs)
+    in test_nope_bidirectional_model_is_permutation_equivariant.
     """
 
     relative = True  # no position at all: nothing changes under a shift
 
 
 class Sinusoidal(PositionalScheme):
-    """Fixed absolute sinusoids added to the input (Vaswani et al. 2017)."""
+    """Fixed absolute sinusoids added to the input (Vaswani et al. 2017).
+
+    Checked against the paper's formula evaluated element by element, inside
+    the table and past it, in test_sinusoidal_embed_vs_formula, and the table it
+    reads against the formula and the translation property PE(p + k) = T(k) PE(p)
+    in test_sinusoidal_table_formula_and_translation.
+    """
 
     def __init__(self, *, base: float = 10000.0, **kw):
         super().__init__(**kw)
@@ -58,10 +65,14 @@ class Sinusoidal(PositionalScheme):
 
 
 class Learned(PositionalScheme):
-    """A learned table of absolute position vectors (GPT, BERT).
+    """A learned table of absolute position vectors (GPT, Radford et al. 2018;
+    BERT, Devlin et al. 2019).
 
     Positions at or past ``max_len`` have no vector: the scheme refuses them
-    rather than wrapping or clipping.
+    rather than wrapping or clipping. Checked against direct indexing of the
+    table (row pos[t] for token t, distinct rows for distinct positions) in
+    test_learned_embed_is_table_row, and the refusal in
+    test_learned_refuses_sequences_longer_than_max_len.
     """
 
     def __init__(self, *, init_std: float = 1.0, **kw):

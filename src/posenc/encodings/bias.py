@@ -72,6 +72,9 @@ class ALiBi(PositionalScheme):
     """Attention with linear biases (Press et al. 2022): -slope_h * |i - j|.
 
     Causal: the paper's bias. Bidirectional: the symmetric form -slope*|i-j|.
+    Checked against the formula with the paper's slopes 2^(-8 (h + 1) / H),
+    entry by entry in both modes, in test_alibi_bias_vs_formula, and the slope
+    rule (also for H not a power of two) in test_alibi_slopes.
     """
 
     has_bias = True
@@ -94,7 +97,13 @@ class ALiBi(PositionalScheme):
 
 class T5Bias(PositionalScheme):
     """T5 relative position bias (Raffel et al. 2020): a learned scalar per
-    head and bucket, one table shared by every layer."""
+    head and bucket, one table shared by every layer.
+
+    Checked against the learned table read at T5's bucket of j - i (a
+    plain-Python transcription of the bucket definition), entry by entry in both
+    modes, in test_t5_bias_vs_bucket_reference, and the bucketing itself in
+    test_t5_relative_bucket_vs_reference.
+    """
 
     has_bias = True
     position_only_bias = True
@@ -126,7 +135,8 @@ class Kerple(PositionalScheme):
 
     Positivity is kept with a softplus reparametrisation (the paper clamps the
     raw values instead). Bidirectional attention uses the same symmetric |i - j|.
-    The tests compare it with the formula evaluated directly.
+    Checked against the formula evaluated directly, entry by entry (bidirectional),
+    in test_kerple_vs_formula.
 
     Args:
         init_r1, init_r2: ranges (low, high) of the uniform initial values.
@@ -186,7 +196,8 @@ class FIRE(PositionalScheme):
     Bidirectional attention (not in the paper) uses the signed
     sign(i - j) psi(|i - j|) / psi(max(L, i, j)); on the causal (visible)
     entries j <= i this is exactly the paper's formula, so one expression
-    serves both modes. The tests compare it with the formula evaluated directly.
+    serves both modes. Checked against the formula evaluated directly, in both
+    modes and with L below the length, in test_fire_vs_formula.
 
     Args:
         mlp_width: hidden width of f_theta (32 in the paper).

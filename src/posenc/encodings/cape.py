@@ -26,7 +26,10 @@ class CAPE(PositionalScheme):
     so the order is kept) and a global scaling log(lambda) ~
     U(-log max_global_scaling, log max_global_scaling). Each augmentation is off
     when its setting is 0 (scaling: 1). In evaluation the positions are used as
-    they are, so CAPE equals ``Sinusoidal`` exactly (checked in the tests).
+    they are, so CAPE equals ``Sinusoidal`` exactly. Checked against
+    ``Sinusoidal`` in evaluation and against the documented range of each
+    augmentation in test_cape_eval_equals_sinusoidal_and_train_augments, and
+    ``Sinusoidal`` against the formula in test_sinusoidal_embed_vs_formula.
 
     Args:
         max_global_shift: largest |Delta|, in positions.

@@ -215,8 +215,9 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
 
     Computed without a (T, T, D) tensor: key part q @ (w^K)^T, (B, H, Tq, 2k+1),
     gathered by clipped distance; value part sums the probabilities of each
-    clipped distance (scatter_add) and multiplies by w^V. Both are checked
-    against the naive O(T^2·D) gather of a^K_ij / a^V_ij in the tests.
+    clipped distance (scatter_add) and multiplies by w^V. Checked against the
+    naive O(T^2·D) gather of a^K_ij and a^V_ij, both parts, in
+    test_shaw_vs_naive_gather.
 
     Args:
         max_relative_position: the clipping distance k (16 in the paper's
@@ -269,7 +270,9 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
     Music Transformer, no clipping below the model length by default. One table
     per layer, shared by its heads. Positions that are not ``offset + arange(T)``
     fall back to a gather over the distance range (same values). Checked against
-    the naive gather of E_{j-i} into (T, T, D) in the tests.
+    the naive gather of E_{j-i} into (T, T, D), at consecutive, offset and gapped
+    positions, in test_skew_scheme_vs_naive_gather, and the skew itself in
+    test_skew_matches_gather.
 
     Args:
         max_relative_position: clipping distance; None = ``max_len - 1``
@@ -322,7 +325,9 @@ class TransformerXL(PositionalScheme):
     entries set to 0, they are masked) or :func:`relative_shift_two_sided`
     (bidirectional, R of negative distances), so the query may be shorter
     than the key (a memory; see ``relative_logits``). Checked against an
-    explicit R_{i-j} construction, including Tq < Tk, in the tests.
+    explicit R_{i-j} construction, including Tq < Tk, in
+    test_transformer_xl_vs_explicit_R, and the shifts themselves in
+    test_relative_shift_exact_contents.
     """
 
     has_bias = True
@@ -381,7 +386,9 @@ class FixedBidirectional(_ContentBiasTerms, PositionalScheme):
     (:func:`relative_shift_two_sided`), O(T·D) for the tables and O(T^2) for
     the logits, as J. Kernes describes in "Master Positional Encoding: Part II"
     (Towards Data Science, 2021); causal attention computes only the right
-    shift. Checked against an explicit R_{i-j} construction in the tests.
+    shift. Checked against an explicit R_{i-j} construction in
+    test_fixed_bidirectional_vs_explicit_R, and the shifts themselves in
+    test_relative_shift_exact_contents.
     """
 
     has_bias = True

@@ -57,10 +57,14 @@ class RoPE(PositionalScheme):
       the ends rounded outwards to whole pairs; both keep pairs with r > beta
       unchanged and interpolate those with r < alpha fully.
 
-    The frequencies and the YaRN factor of each rule are checked in
-    ``tests/test_rope_scaling.py`` against Hugging Face transformers'
+    Checked against the formula evaluated with complex numbers, and for
+    q_m . k_n depending only on m - n, in
+    test_rotary_product_depends_only_on_difference; the frequencies and the YaRN
+    factor of each rule against Hugging Face transformers'
     ``ROPE_INIT_FUNCTIONS`` ("linear" with factor s, "dynamic" with factor 1 at
-    seq_len T, "yarn" with factor s).
+    seq_len T, "yarn" with factor s) in
+    test_frequencies_and_factor_match_transformers and
+    test_yarn_ramp_settings_match_transformers (``tests/test_rope_scaling.py``).
 
     Args:
         base: the wavelength base (10000 in the paper).
@@ -173,8 +177,9 @@ class XPos(PositionalScheme):
     query and would grow without bound for keys after it, so xPos is defined
     for causal attention only (``causal_only``). Positions are centred on the
     middle key before scaling (the factors cancel exactly in q_m . k_n) to keep
-    the factors near 1 at long lengths. Tested for q_m . k_n depending only on
-    m - n and against a direct evaluation of the formula.
+    the factors near 1 at long lengths. Checked against a direct evaluation of
+    the formula with complex numbers, and for q_m . k_n depending only on
+    m - n, in test_rotary_product_depends_only_on_difference.
 
     Args:
         base: the rotation wavelength base (10000).

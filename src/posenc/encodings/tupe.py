@@ -35,7 +35,8 @@ class TUPE(PositionalScheme):
         reset_theta(v, i, j) = v_ij if i != 0 and j != 0; theta_1 if i = 0; theta_2 if i != 0, j = 0.
 
     The relative bias is added after the reset. Checked against a direct
-    evaluation of these equations (per head, per pair) in the tests.
+    evaluation of these equations (per head, per pair, with and without [CLS]
+    untying) in test_tupe_vs_paper_equations.
 
     Args:
         untie_cls: untie [CLS] at position 0 with learned theta_1, theta_2.
