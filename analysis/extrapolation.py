@@ -1,14 +1,52 @@
-"""Perplexity against evaluation length (Press, Smith & Lewis 2022, Figure 1).
+"""Perplexity against evaluation length (Press, Smith & Lewis 2022, Figure 1), as
+small multiples by family of scheme.
 
     python -m analysis.extrapolation results/extrapolation/*.csv --out figures/extrapolation
+    python -m analysis.extrapolation results/extrapolation/*.csv --schemes alibi rope sinusoidal
 
-Reads results files written by ``pipelines.extrapolate`` (.csv or .json),
-draws one line per scheme (mean over seeds, with a 95% bootstrap confidence
-band where a scheme has several seeds), x = evaluation length on a log2 axis,
-y = perplexity on a log axis, a dashed vertical mark at the training length,
-and one panel per training length. Lengths a scheme cannot represent (ppl
-NaN, e.g. a learned table) are left out of its line and listed under the
-figure. Writes <out>.png and <out>.svg.
+Reads results files written by ``pipelines.extrapolate`` (.csv or .json) and draws
+one column per family of scheme present among the drawn schemes, in the order of
+``posenc.encodings.base.FAMILIES``: absolute; rotary with RoPE's context-extension
+rows (``rope+pi``, ``rope+ntk``, ``rope+yarn``, ``rope+pi+ft4L``, dashed); position
+bias; content-relative; then ``other`` for names that no ``conf/encoding`` YAML
+describes. The family comes from the scheme's class, and every scheme's colour,
+marker and dashes from ``analysis.style``: the same in every figure, and unchanged
+when schemes are added. NoPE (``none``), when it is in the data, is drawn in every
+panel as the reference, a thin grey dotted line labelled "none (reference)" (a
+column of its own only when nothing else is drawn).
+
+Each column has two panels on the same x axis, the evaluation length T on a log2
+axis (ticks ``64 (1L)``, ...) with a dashed vertical mark at the training length L:
+
+* top: validation perplexity on a log axis, the mean over seeds with a 95%
+  bootstrap confidence band (seaborn, 1000 resamples, seed 0) where a scheme has
+  several seeds;
+* bottom: ppl(T) / ppl(L), taken per seed and then averaged, with the same band,
+  on a log axis with a horizontal line at 1: flat schemes lie on the line and
+  degrading ones rise above it, whatever their perplexity at L.
+
+The y axis is shared along each row (``sharey`` per row). Perplexity: so that
+levels can be compared across families (the NoPE reference sits at the same
+height in every panel, and a scheme that is best at L but explodes past it is seen
+against the others); per-panel axes would make every panel look alike and zoom
+nearly coincident curves apart no better, since the ones that overlap here
+(kerple and fire) differ by under 1%. Ratio: so that "flat" looks equally flat in
+every column and a degradation of the same size reads the same in all of them;
+the price is that the rotary panel, whose rows reach a ratio of about 4, sets the
+range. Within a panel the schemes are drawn in ``analysis.style`` order, each
+later one on top with a slightly thinner line and smaller marker (and the
+families' markers run from bulky to slim), so coincident points stay visible as
+a marker inside a marker (every RoPE rule equals rope at L by construction).
+
+Legends sit in a row of their own under the panels, one per column (the
+reference first, then the family's schemes), so they cover no curve. Schemes with
+no value past L (ppl NaN: ``learned`` and ``tupe`` hold a table of L positions)
+show their point at L and are listed in the notes under the figure, as is a
+scheme with no row at L (no ratio). With several training lengths in the data the
+figure has one pair of rows (perplexity, ratio) per training length, each titled
+with its L. ``--schemes`` (``schemes=``) draws only the schemes named, plus
+``none`` as the reference when the data has it; a name with no rows stops with
+the list of the available ones. Writes <out>.png and <out>.svg.
 """
 
 from __future__ import annotations
@@ -27,11 +65,25 @@ import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
+from analysis.style import FAMILY_TITLES, by_family, styles  # noqa: E402
 from posenc.evaluate import read_results  # noqa: E402
 from posenc.files import save_figure  # noqa: E402
 
 TRAIN_LEN_GID = "train-length-mark"
+RATIO_ONE_GID = "ratio-one-mark"
+#: the gid of a scheme's line is SCHEME_GID + its name
+SCHEME_GID = "scheme:"
+REFERENCE = "none"
+#: the reference (NoPE) in every panel: grey and dotted, a style no scheme has
+REFERENCE_COLOR, REFERENCE_LS = "0.5", (0, (1.2, 1.6))
+#: line width and marker size of the first scheme drawn in a panel, and how much each
+#: later one (drawn on top) is narrower: where schemes coincide (every RoPE rule equals
+#: rope at L; kerple and fire), the later line runs inside the earlier one and its
+#: marker sits inside the earlier marker, so both stay visible
+LW, MS, LW_STEP, MS_STEP = 2.5, 7.5, 0.15, 0.4
 METHOD_LABELS = {"nonoverlapping": "non-overlapping windows", "sliding": "sliding window"}
+PPL_LABEL = "validation perplexity (log scale)"
+RATIO_LABEL = "ppl(T) / ppl(L), per seed (log scale)"
 
 
 def _ppl_ticks(lo: float, hi: float) -> list[float]:
@@ -47,8 +99,82 @@ def _ppl_ticks(lo: float, hi: float) -> list[float]:
 
 
 def scheme_lines(ax) -> list:
-    """The data lines of a panel (the training-length mark excluded)."""
-    return [ln for ln in ax.get_lines() if ln.get_gid() != TRAIN_LEN_GID]
+    """The data lines of a panel, one per scheme drawn (the reference included;
+    the training-length mark and the line at ratio 1 excluded)."""
+    return [ln for ln in ax.get_lines() if str(ln.get_gid() or "").startswith(SCHEME_GID)]
+
+
+def line_schemes(ax) -> list[str]:
+    """The names of the schemes drawn in a panel, in drawing order."""
+    return [ln.get_gid()[len(SCHEME_GID) :] for ln in scheme_lines(ax)]
+
+
+def _select(df, schemes: Sequence[str] | None) -> list[str]:
+    """The schemes to draw: all in the data, or ``schemes`` plus the reference."""
+    available = sorted(df["scheme"].unique())
+    if schemes is None:
+        return available
+    schemes = list(dict.fromkeys(str(s) for s in schemes))
+    if not schemes:
+        raise ValueError(f"no schemes given; available: {', '.join(available)}")
+    unknown = [s for s in schemes if s not in available]
+    if unknown:
+        raise ValueError(f"no results for scheme(s) {', '.join(unknown)}; available: {', '.join(available)}")
+    if REFERENCE in available and REFERENCE not in schemes:
+        schemes.append(REFERENCE)
+    return schemes
+
+
+def _with_ratio(df):
+    """``df`` with ``ratio`` = ppl / ppl at eval_len == train_len of the same scheme, seed and L."""
+    at_l = df[df["eval_len"] == df["train_len"]].groupby(["scheme", "seed", "train_len"])["ppl"].mean()
+    at_l = at_l.rename("ppl_at_L").reset_index()
+    out = df.merge(at_l, on=["scheme", "seed", "train_len"], how="left")
+    out["ratio"] = out["ppl"] / out["ppl_at_L"]
+    return out
+
+
+def _draw(ax, data, y: str, style, multi_seed: bool, reference: bool = False, rank: int = 0) -> None:
+    """One scheme's mean line (and band) of column ``y`` against eval_len."""
+    d = data[np.isfinite(data[y])]
+    if d.empty:
+        return
+    kws = style.line_kws()
+    if reference:
+        kws.update(color=REFERENCE_COLOR, linestyle=REFERENCE_LS, marker="o", zorder=1.5)
+    else:
+        kws.update(zorder=2.5 + 0.01 * rank)
+    sns.lineplot(
+        data=d, x="eval_len", y=y, estimator="mean", errorbar=("ci", 95) if multi_seed else None,
+        n_boot=1000, seed=0, ax=ax, legend=False, lw=1.6 if reference else _sizes(rank)[0],
+        markersize=4 if reference else _sizes(rank)[1], err_kws={"alpha": 0.12 if reference else 0.18, "lw": 0},
+        **kws,
+    )  # fmt: skip
+    ax.get_lines()[-1].set_gid(SCHEME_GID + style.name)
+
+
+def _handle(style, reference: bool = False, rank: int = 0):
+    """A legend entry drawn as the scheme's line is (``rank``: its drawing order in the panel)."""
+    if reference:
+        return plt.Line2D([], [], color=REFERENCE_COLOR, linestyle=REFERENCE_LS, marker="o", lw=1.6, markersize=4,
+                          label=f"{style.name} (reference)")  # fmt: skip
+    lw, ms = _sizes(rank)
+    return plt.Line2D([], [], lw=lw, markersize=ms, markeredgecolor="w", markeredgewidth=0.75, label=style.label,
+                      **style.line_kws())  # fmt: skip
+
+
+def _sizes(rank: int) -> tuple[float, float]:
+    """Line width and marker size of the scheme drawn ``rank``-th in its panel."""
+    return max(LW - LW_STEP * rank, 1.0), max(MS - MS_STEP * rank, 4.0)
+
+
+def _log_axis(ax) -> None:
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ax.yaxis.set_major_locator(FixedLocator(_ppl_ticks(lo, hi)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def plot(
@@ -56,72 +182,120 @@ def plot(
     out: str | os.PathLike,
     method: str = "nonoverlapping",
     title: str | None = None,
+    schemes: Sequence[str] | None = None,
+    conf_dir: str | os.PathLike | None = None,
 ):
-    """Build the figure from results files; returns (figure, [png, svg])."""
+    """Build the figure from results files; returns (figure, [png, svg]).
+
+    ``schemes``: draw only these (plus ``none`` as the reference when the data has
+    it); a name with no rows raises ValueError listing the available ones.
+    ``conf_dir``: the Hydra config root whose ``encoding/`` gives each scheme's class
+    (default: posenc's ``conf/``)."""
     df = read_results(paths)
     if "method" in df:
         if method not in set(df["method"]):
             raise ValueError(f"no rows with method={method!r} in {list(paths)}; found {sorted(set(df['method']))}")
         df = df[df["method"] == method]
-    schemes = sorted(df["scheme"].unique())
+    drawn = _select(df, schemes)
+    df = _with_ratio(df[df["scheme"].isin(drawn)].copy())
+    st = styles(drawn, conf_dir)
+    families = by_family(drawn, conf_dir)
+    ref = REFERENCE if REFERENCE in drawn else None
+    columns = [f for f in families if f != "none" or len(families) == 1]
     train_lens = sorted(int(x) for x in df["train_len"].unique())
-    # a context-extension rule (rope+pi) is drawn dashed in its scheme's colour, with its own marker
-    base = sorted({s.split("+")[0] for s in schemes})
-    colours = dict(zip(base, sns.color_palette("tab20" if len(base) > 10 else "tab10", len(base))))
-    palette = {s: colours[s.split("+")[0]] for s in schemes}
-    markers = dict(zip(schemes, ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H"] * 2))
-    dashes = {s: (4, 1.5) if "+" in s else "" for s in schemes}
 
     sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, len(train_lens), figsize=(6.2 * len(train_lens), 5.2), squeeze=False)
+    n_legend = max(len(families[f]) + (ref is not None and f != "none") for f in columns)
+    legend_h = 0.05 + 0.22 * int(np.ceil(n_legend / 2))
+    # per training length: perplexity, ratio, and a spacer row for the ratio row's x labels
+    heights = [h for i in range(len(train_lens)) for h in (3.3, 2.4, 0.75 if i == len(train_lens) - 1 else 1.25)]
+    heights.append(legend_h)
+    fig = plt.figure(figsize=(0.6 + 3.9 * len(columns), sum(heights) + 1.1))
+    gs = fig.add_gridspec(len(heights), len(columns), height_ratios=heights, hspace=0.12, wspace=0.08,
+                          bottom=0.02, top=1 - 0.95 / fig.get_figheight())
+    axes = np.empty((2 * len(train_lens), len(columns)), dtype=object)
+    for r in range(axes.shape[0]):
+        for c in range(len(columns)):
+            share_y = axes[r, 0] if c else None
+            share_x = axes[r - 1, c] if r % 2 else None
+            axes[r, c] = fig.add_subplot(gs[r // 2 * 3 + r % 2, c], sharey=share_y, sharex=share_x)
+    for i in range(len(train_lens)):
+        for c in range(len(columns)):
+            fig.add_subplot(gs[3 * i + 2, c]).axis("off")
+
     notes = []
-    for ax, L in zip(axes[0], train_lens):
-        sub = df[df["train_len"] == L]
-        ok = sub[np.isfinite(sub["ppl"])]
-        for s in schemes:
-            na = sub[(sub["scheme"] == s) & ~np.isfinite(sub["ppl"])]
+    for s in drawn:
+        for L in train_lens:
+            sub = df[(df["scheme"] == s) & (df["train_len"] == L)]
+            na = sub[~np.isfinite(sub["ppl"])]
             if len(na):
                 lens = sorted(int(x) for x in na["eval_len"].unique())
                 notes.append(f"{s} (L={L}): not applicable at {', '.join(map(str, lens))}")
-        multi_seed = ok.groupby(["scheme", "eval_len"])["seed"].nunique().max() > 1 if len(ok) else False
-        sns.lineplot(
-            data=ok, x="eval_len", y="ppl", hue="scheme", hue_order=[s for s in schemes if s in set(ok["scheme"])],
-            style="scheme", markers=markers, dashes=dashes, palette=palette, estimator="mean",
-            errorbar=("ci", 95) if multi_seed else None, n_boot=1000, seed=0, ax=ax, legend=False,
-        )  # fmt: skip
-        ax.axvline(L, color="0.3", ls="--", lw=1.2, gid=TRAIN_LEN_GID, label="_train_len")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(FixedLocator(_ppl_ticks(*ax.get_ylim())))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+            if len(sub) and not np.isfinite(sub["ppl_at_L"]).any():
+                notes.append(f"{s} (L={L}): no perplexity at L, so no ratio")
+    for i, L in enumerate(train_lens):
+        sub = df[df["train_len"] == L]
+        ok = sub[np.isfinite(sub["ppl"])]
+        multi_seed = bool(len(ok)) and ok.groupby(["scheme", "eval_len"])["seed"].nunique().max() > 1
         ticks = sorted(int(x) for x in sub["eval_len"].unique())
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([f"{t}\n({t // L}L)" if t % L == 0 else str(t) for t in ticks])
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("validation perplexity (log scale)")
-        ax.set_title(f"trained at L = {L}")
-        ax.text(L, 0.98, " L", transform=ax.get_xaxis_transform(), va="top", ha="left", color="0.3")
-    # one shared legend, in scheme order, outside the panels
-    handles = [
-        plt.Line2D([], [], color=palette[s], marker=markers[s], ls="--" if "+" in s else "-", label=s) for s in schemes
-    ]  # fmt: skip
-    fig.legend(handles=handles, title="encoding", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        for c, fam in enumerate(columns):
+            ax_p, ax_r = axes[2 * i, c], axes[2 * i + 1, c]
+            members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
+            for ax, y in ((ax_p, "ppl"), (ax_r, "ratio")):
+                if ref is not None and fam != "none":
+                    _draw(ax, sub[sub["scheme"] == ref], y, st[ref], multi_seed, reference=True)
+                for rank, s in enumerate(members):
+                    _draw(ax, sub[sub["scheme"] == s], y, st[s], multi_seed, rank=rank)
+                ax.axvline(L, color="0.3", ls="--", lw=1.1, gid=TRAIN_LEN_GID, label="_train_len", zorder=1)
+                ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_locator(FixedLocator(ticks))
+                ax.xaxis.set_minor_locator(NullLocator())
+                ax.set_xlim(ticks[0] / 2**0.25, ticks[-1] * 2**0.25)
+                if c == 0:
+                    ax.set_ylabel(PPL_LABEL if y == "ppl" else RATIO_LABEL, fontsize=9.5)
+                else:
+                    ax.set_ylabel("")
+                    ax.tick_params(labelleft=False)
+            ax_r.axhline(1.0, color="0.2", lw=0.9, gid=RATIO_ONE_GID, zorder=1)
+            ax_r.set_xticks(ticks, [f"{t}\n({t // L}L)" if t % L == 0 else str(t) for t in ticks])
+            ax_r.set_xlabel("evaluation length T (tokens)")
+            ax_p.tick_params(labelbottom=False)
+            ax_p.set_xlabel("")
+            ax_p.text(L, 0.98, " L", transform=ax_p.get_xaxis_transform(), va="top", ha="left", color="0.3")
+            head = FAMILY_TITLES.get(fam, fam)
+            ax_p.set_title(head if len(train_lens) == 1 else f"{head}\ntrained at L = {L}", fontsize=11)
+        # log axes with readable ticks, once the shared row has all its data
+        for r in (2 * i, 2 * i + 1):
+            for ax in axes[r]:
+                ax.set_yscale("log")
+            _log_axis(axes[r, 0])
+    # one legend per column, in a row of its own under the panels
+    for c, fam in enumerate(columns):
+        lax = fig.add_subplot(gs[-1, c])
+        lax.axis("off")
+        handles = [_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
+        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
+        handles += [_handle(st[s], rank=rank) for rank, s in enumerate(members)]
+        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
+                   columnspacing=1.2, borderaxespad=0.0)  # fmt: skip
+
     seeds = df.groupby("scheme")["seed"].nunique()
     seed_txt = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     corpus = ", ".join(sorted(df["corpus"].dropna().unique())) if "corpus" in df else ""
     detail = ", ".join(
         x for x in (f"{corpus} {df['split'].iloc[0]}" if corpus and "split" in df else corpus,
                     METHOD_LABELS.get(method, method),
+                    f"trained at L = {train_lens[0]}" if len(train_lens) == 1 else "",
                     f"mean of {seed_txt} seed{'s' if seeds.max() > 1 else ''}"
                     + (" with 95% CI" if seeds.max() > 1 else ""))
         if x
     )  # fmt: skip
-    fig.suptitle(title or f"Train short, test long: perplexity vs evaluation length\n{detail}", fontsize=12)
-    if notes:
-        fig.text(0.01, -0.02, "\n".join(notes), fontsize=8, va="top", color="0.3")
-    fig.tight_layout()
+    fig.suptitle(title or f"Train short, test long: perplexity vs evaluation length, by family\n{detail}",
+                 fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")  # fmt: skip
+    legend_notes = ["dashed: a context-extension rule of RoPE (rope+<rule>)"] if any("+" in s for s in drawn) else []
+    if ref is not None and columns != ["none"]:
+        legend_notes.insert(0, "grey dotted: none (NoPE), the reference, repeated in every panel")
+    fig.text(0.01, 0.0, "\n".join(legend_notes + notes), fontsize=8, va="top", color="0.3")
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
     return fig, save_figure(fig, stem, bbox_inches="tight")
@@ -134,8 +308,13 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--out", default="figures/extrapolation", help="output stem: writes <out>.png and <out>.svg")
     p.add_argument("--method", default="nonoverlapping", choices=["nonoverlapping", "sliding"])
     p.add_argument("--title")
+    p.add_argument("--schemes", nargs="+", metavar="SCHEME",
+                   help="draw only these schemes (plus none as the reference when the data has it)")  # fmt: skip
     a = p.parse_args(argv)
-    fig, files = plot(a.results, a.out, a.method, a.title)
+    try:
+        fig, files = plot(a.results, a.out, a.method, a.title, schemes=a.schemes)
+    except ValueError as e:
+        p.error(str(e))
     plt.close(fig)
     for f in files:
         print(f)

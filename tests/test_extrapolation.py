@@ -223,10 +223,10 @@ def test_learned_not_applicable_past_its_table(tmp_path, data_root, cache_dir):
     assert np.isnan(ev.read_results([csv_path])["ppl"]).sum() == 4
 
 
-def test_figure_has_one_line_per_scheme(tmp_path):
+def test_figure_has_a_panel_per_family_and_one_line_per_scheme(tmp_path):
     import matplotlib.pyplot as plt
 
-    from analysis.extrapolation import main, plot, scheme_lines
+    from analysis.extrapolation import line_schemes, main, plot, scheme_lines
 
     rng = np.random.default_rng(0)
     files = []
@@ -243,13 +243,17 @@ def test_figure_has_one_line_per_scheme(tmp_path):
         files += ev.write_results(rows, tmp_path / "results" / f"{scheme}")[:1]
     fig, out = plot(files, tmp_path / "fig" / "extrapolation")
     assert [p.suffix for p in out] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in out)
-    panels = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in panels] == ["trained at L = 32", "trained at L = 64"]
-    for ax in panels:
-        assert len(scheme_lines(ax)) == 4  # learned keeps its single applicable point
-        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-    legend = fig.legends[0]
-    assert sorted(t.get_text() for t in legend.get_texts()) == ["alibi", "learned", "rope", "sinusoidal"]
+    panels = [ax for ax in fig.axes if ax.get_title()]  # the perplexity panels: a family per column, a row per L
+    assert [ax.get_title() for ax in panels] == [f"{f}\ntrained at L = {L}" for L in (32, 64)
+                                                 for f in ("absolute", "rotary and its extensions", "position bias")]
+    for L, row in ((32, panels[:3]), (64, panels[3:])):
+        assert sorted(s for ax in row for s in line_schemes(ax)) == ["alibi", "learned", "rope", "sinusoidal"]
+        for ax in row:
+            assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        learned = next(ln for ln in scheme_lines(row[0]) if ln.get_gid() == "scheme:learned")
+        assert list(learned.get_xdata()) == [L]  # learned keeps its single applicable point
+    legend = sorted(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
+    assert legend == ["alibi", "learned", "rope", "sinusoidal"]
     plt.close(fig)
     assert main([str(f) for f in files] + ["--out", str(tmp_path / "cli" / "fig")])[0].is_file()
 

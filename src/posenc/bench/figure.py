@@ -1,14 +1,31 @@
 """``bench.png`` / ``bench.svg``: step time and peak memory relative to ``none``,
-one hue per T, with the per-round ratios as dots."""
+one hue per T, with the per-round ratios as dots. The memory panel is on a log
+axis with several readable tick labels spanning the data (``log_ticks``); the
+legends sit to the right of their panels, outside the axes, so they cover no bar
+or line."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from .config import POSENC, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS
 from ..files import save_figure
 from .report import _model_label
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Readable ticks for a log axis from ``lo`` to ``hi``: 1-2-5 per decade, denser
+    (1, 1.5, 2, 3, 4, 5, 6, 8, then finer) when that gives fewer than three."""
+    lo, hi = max(min(lo, hi), 1e-12), max(lo, hi, 1e-12)
+    decades = range(int(math.floor(math.log10(lo))) - 1, int(math.ceil(math.log10(hi))) + 1)
+    ticks: list[float] = []
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 8), (1, 1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9)):
+        ticks = [round(m * 10.0**k, 12) for k in decades for m in mantissas if lo <= m * 10.0**k <= hi]
+        if len(ticks) >= 3:
+            break
+    return ticks
 
 
 def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -58,7 +75,12 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
         if col == "mem_ratio":
             ax.axhline(TARGET_MEM_BIAS, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM_BIAS}× (bias)")
             ax.set_yscale("log")
+            vals = [v for v in df[col].dropna() if v > 0] + [1.0, TARGET_MEM_BIAS]
+            lo, hi = min(min(vals) / 1.15, 0.8), max(vals) * 1.15
+            ax.set_ylim(lo, hi)
+            ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(log_ticks(lo, hi)))
             ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.axhline(1.0, c="k", lw=0.8)
         ax.set_ylabel(label)
@@ -66,7 +88,10 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.tick_params(axis="x", rotation=35)
         for t in ax.get_xticklabels():
             t.set_ha("right")
-        ax.legend(title="T", fontsize=8, ncol=2)
+        # outside the axes, to the right: it covers no bar, dot or target line
+        ax.legend(
+            title="T", fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False
+        )
     meta = res["meta"]
     axes[0, 0].set_title(
         f"posenc, model {_model_label(meta['settings']).replace('`', '')}, {meta['dtype']}, {meta['device_name']} "
