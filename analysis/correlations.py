@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from posenc.encodings.base import TERM_NAMES
-from posenc.files import write_json
+from posenc.files import portable_path, write_json
 
-from analysis.heatmaps import draw, plot_overview
-from analysis.terms import DEFAULT_BAND_WIDTH, checkpoint_term_maps, seed_spread, summary_document
+from analysis.heatmaps import draw
+from analysis.overview import plot_overview
+from analysis.terms import DEFAULT_BAND_WIDTH, TermMaps, checkpoint_term_maps, seed_spread, summary_document
 
 
 def _stem(name: str, taken: set[str]) -> str:
@@ -69,6 +70,41 @@ def print_table(summaries: dict[str, dict], file=None) -> None:
                 file=file,
             )
 
+def summarise(
+    ckpts: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    n_batches: int = 2,
+    length: int | None = None,
+    batch_size: int | None = None,
+    band_width: int = DEFAULT_BAND_WIDTH,
+    data_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    heads: bool = True,
+    draw_seed: int | None = None,
+) -> tuple[list[TermMaps], dict[str, dict]]:
+    """Term maps and summary of every checkpoint, the figures of the drawn ones.
+
+    Every checkpoint is summarised; with ``draw_seed`` only the runs trained
+    with that seed are drawn (Figure 2 and, with ``heads``, every head, under
+    ``out_dir``). Returns (the drawn runs' maps, {figure stem: summary}).
+    """
+    if not ckpts:
+        raise ValueError("give at least one checkpoint")
+    out_dir = Path(out_dir)
+    taken: set[str] = set()
+    drawn, summaries = [], {}
+    for ckpt in ckpts:
+        maps = checkpoint_term_maps(ckpt, n_batches, length, batch_size, data_dir, cache_dir, seed)
+        stem = _stem(maps.meta.get("run_name", maps.label), taken)
+        summary = maps.summary(band_width)
+        if draw_seed is None or maps.meta.get("seed") == draw_seed:
+            summary["figures"] = [portable_path(p) for p in draw(maps, out_dir, stem, band_width, heads)]
+            drawn.append(maps)
+        summaries[stem] = summary
+    return drawn, summaries
+
+
 def run(
     ckpts: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike = "figures/correlations",
@@ -83,31 +119,16 @@ def run(
     heads: bool = True,
     draw_seed: int | None = None,
 ) -> dict[str, Any]:
-    """Figures and JSON for every checkpoint; returns the JSON object.
-
-    Every checkpoint is summarised; with ``draw_seed`` only the runs trained
-    with that seed are drawn (one figure per scheme), and ``schemes`` in the
-    JSON gives each term's band score as mean, sample sd and values over the
-    seeds of every scheme.
-    """
-    if not ckpts:
-        raise ValueError("give at least one checkpoint")
-    out_dir = Path(out_dir)
-    taken: set[str] = set()
-    all_maps, summaries = [], {}
-    for ckpt in ckpts:
-        maps = checkpoint_term_maps(ckpt, n_batches, length, batch_size, data_dir, cache_dir, seed)
-        stem = _stem(maps.meta.get("run_name", maps.label), taken)
-        summary = maps.summary(band_width)
-        if draw_seed is None or maps.meta.get("seed") == draw_seed:
-            figs = draw(maps, out_dir, stem, band_width, heads)
-            summary["figures"] = [str(p) for p in figs]
-            all_maps.append(maps)
-        summaries[stem] = summary
-    overview = plot_overview(all_maps, out_dir / "overview", band_width)
+    """Figures and JSON for every checkpoint (``summarise``), plus the overview of the
+    drawn ones; returns the JSON object, whose ``schemes`` gives each term's band
+    score as mean, sample sd and values over the seeds of every scheme."""
+    drawn, summaries = summarise(ckpts, out_dir, n_batches, length, batch_size, band_width, data_dir, cache_dir,
+                                 seed, heads, draw_seed)
+    overview = plot_overview(drawn, Path(out_dir) / "overview", band_width)
     result = summary_document(
-        summaries, band_width, seed=seed, overview=[str(p) for p in overview], schemes=seed_spread(summaries)
-    )
+        summaries, band_width, seed=seed, overview=[portable_path(p) for p in overview],
+        schemes=seed_spread(summaries),
+    )  # fmt: skip
     write_json(json_path, result, allow_nan=False)
     return result
 

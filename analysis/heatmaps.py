@@ -1,16 +1,16 @@
 """Drawing the Ke, He & Liu 2020 (Figure 2) heatmaps from :class:`analysis.terms.TermMaps`.
 
 Four head-averaged maps side by side on one diverging colour scale centred at 0
-(``plot_terms``), every head (``plot_heads``) and one row per scheme
-(``plot_overview``); a term a scheme lacks is an empty panel titled "(absent)";
-entries a causal model never uses (above the diagonal) are left blank.
+(``plot_terms``) and every head (``plot_heads``) of one model; the grid of every
+scheme is :mod:`analysis.overview`. A term a scheme lacks is an empty panel titled
+"(absent)"; entries a causal model never uses (above the diagonal) are left blank.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import matplotlib
@@ -168,43 +168,6 @@ def plot_heads(maps: TermMaps, stem: str | os.PathLike, band_width: int = DEFAUL
         _fit_colorbar(cax, axes[0], axes[-1])
     text = f"{maps.label}: first-layer logit terms per head, mean over {maps.n_sequences} sequences\n"
     return _finish(fig, stem, text + "(one colour scale per row)", top=1 - 0.1 / Hgt)
-
-
-def plot_overview(
-    all_maps: Sequence[TermMaps], stem: str | os.PathLike, band_width: int = DEFAULT_BAND_WIDTH
-) -> list[Path]:
-    """Rows = schemes, columns = the four terms; a shared colour scale per row."""
-    if not all_maps:
-        raise ValueError("no models to draw")
-    sns.set_theme(style="white", context="paper")
-    n = len(all_maps)
-    W, Hgt = 12.5, 2.75 * n + 0.9
-    fig, grid = _figure(W, Hgt, n, [1, 1, 1, 1, 0.05], (1.0, 0.6, 0.8, 0.45), wspace=0.3, hspace=0.45)
-    for r, maps in enumerate(all_maps):
-        vmax = _vmax(maps.head_mean(t) for t in maps.present)
-        cax = fig.add_subplot(grid[r, 4])
-        axes = [fig.add_subplot(grid[r, c]) for c in range(4)]
-        first = True
-        for c, (ax, term) in enumerate(zip(axes, TERM_NAMES)):
-            if term in maps.per_head:
-                _heatmap(ax, maps.head_mean(term), vmax, cbar_ax=cax if first else None)
-                if first:
-                    _fit_colorbar(cax, ax, axes[-1])
-                first = False
-                m = maps.per_head[term].mean(0)
-                ax.set_title(f"{term}  (band {band_score(m, band_width, maps.causal):+.2f})", fontsize=9)
-            else:
-                _absent(ax, f"{term}\n(absent)")
-            if c == 0:
-                ax.set_ylabel(f"{maps.label}\nquery position i", fontsize=9)
-            else:
-                ax.set_ylabel("")
-            if r < n - 1:
-                ax.set_xlabel("")
-        if first:
-            cax.set_visible(False)
-    text = "First-layer attention logits by term (Ke, He & Liu 2020, Fig. 2): mean over sequences and heads,"
-    return _finish(fig, stem, text + " one colour scale per row", top=1 - 0.15 / Hgt)
 
 
 def _finish(fig, stem: str | os.PathLike, title: str, top: float) -> list[Path]:

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings.base import TERM_NAMES
-from posenc.files import portable_path
+from posenc.files import atomic, portable_path
 
 DEFAULT_BAND_WIDTH = 2
 BAND_SCORE_DEFINITION = (
@@ -146,6 +146,30 @@ class TermMaps:
         """(T, T) map averaged over heads; upper triangle NaN for causal models."""
         m = self.per_head[term].mean(0)
         return np.where(used_entries(m.shape[-1], self.causal), m, np.nan)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the maps to a compressed ``.npz`` (what a summary stage needs to draw the
+        overview without the checkpoint); ``load`` reads it back unchanged."""
+        import io
+        import json
+
+        arrays = {f"per_head:{t}": self.per_head[t] for t in self.present}
+        header = {"label": self.label, "raw": self.raw, "causal": self.causal, "n_sequences": self.n_sequences,
+                  "caption": self.caption, "meta": self.meta}
+        buf = io.BytesIO()  # np.savez on a path would append ".npz" to a temporary name
+        np.savez_compressed(buf, header=np.array(json.dumps(header)), **arrays)
+        return atomic(path, lambda tmp: tmp.write_bytes(buf.getvalue()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TermMaps:
+        import json
+
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(str(z["header"]))
+            per_head = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("per_head:")}
+        per_head = {t: per_head[t] for t in TERM_NAMES if t in per_head}
+        return cls(header["label"], per_head, header["raw"], header["causal"], header["n_sequences"],
+                   header["caption"], header["meta"])
 
     def summary(self, band_width: int = DEFAULT_BAND_WIDTH) -> dict[str, Any]:
         used = used_entries(self.length, self.causal)

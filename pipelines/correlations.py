@@ -1,38 +1,28 @@
-"""Ke et al. heatmaps of every trained masked-LM run, with the spread over seeds.
+"""The Ke et al. heatmaps of every scheme in one place: the overview, the band-score
+table and one JSON, gathered from the per-scheme files of ``pipelines.heatmaps``.
 
-    python -m pipelines.correlations runs --draw-seed 0 --out-dir figures/correlations \
-        --json results/correlations.json [--batches 2]
+    python -m pipelines.correlations results/correlations/*.json --params params.yaml \
+        --out-dir figures/correlations --json results/correlations.json --md figures/correlations_table.md
 
-Finds ``<runs_dir>/<scheme>/mlm-s<seed>/checkpoints/last.ckpt`` (the layout
-``pipelines.study`` writes) and hands them to ``analysis.correlations``: every
-run is summarised (band score of each term, and its mean and sd over seeds per
-scheme), the runs of ``--draw-seed`` are drawn (one figure per scheme plus the
-overview grid). Schemes without a masked-LM run (causal only, such as xPos)
-are taken from their causal-LM runs; their panels are titled "(lm)".
+Reads each scheme's summary (``results/correlations/<scheme>.json``) and saved
+maps (its ``.npz``), draws the overview (one row per scheme, in name order) and
+writes the table of every term's band score over seeds and the gathered JSON.
+With ``--params``, only the study's schemes are gathered and a study scheme
+without its files is reported and left out. It reads no checkpoint and writes
+nothing of any one scheme: the per-scheme figures stay as their stages made them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from analysis import correlations
 from posenc.encodings.base import TERM_NAMES
+from posenc.files import portable_path, write_json, write_text
 
-from posenc.files import write_text
-
-
-def checkpoints(runs_dir: str | Path) -> list[Path]:
-    """The masked-LM checkpoints of every scheme, or its causal-LM ones where it has none."""
-    out = []
-    for scheme in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
-        for task in ("mlm", "lm"):
-            found = sorted(scheme.glob(f"{task}-s*/checkpoints/last.ckpt"))
-            if found:
-                out += found
-                break
-    return out
+from .gather import per_scheme, study_schemes
 
 
 def band_markdown(schemes: dict[str, dict]) -> str:
@@ -45,26 +35,54 @@ def band_markdown(schemes: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gather(files: dict[str, Path]) -> tuple[list, dict[str, dict], dict[str, dict], int, int]:
+    """(drawn maps, {run stem: summary}, {label: spread over seeds}, band width, sampling seed)
+    of the per-scheme files, in scheme-name order."""
+    from analysis.terms import TermMaps
+
+    maps, models, spread, widths, seeds = [], {}, {}, set(), set()
+    for scheme in sorted(files):
+        doc = json.loads(files[scheme].read_text())
+        maps_file = Path(doc["maps"])
+        if not maps_file.is_file():
+            raise SystemExit(f"error: {files[scheme]} names its maps {maps_file}, which is missing: "
+                             f"`dvc repro heatmaps@{scheme}` writes both")
+        maps.append(TermMaps.load(maps_file))
+        models.update(doc["models"])
+        spread.update(doc["schemes"])
+        widths.add(doc["band_width"])
+        seeds.add(doc.get("seed"))
+    if len(widths) > 1 or len(seeds) > 1:
+        raise SystemExit(f"error: the per-scheme summaries differ in band width {sorted(widths)} or sampling seed "
+                         f"{sorted(seeds)}: re-run their heatmaps stages")
+    return maps, models, spread, widths.pop(), seeds.pop()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.correlations", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs_dir")
-    p.add_argument("--draw-seed", type=int, default=0, help="the seed whose runs are drawn")
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("summaries", nargs="+", help="results/correlations/<scheme>.json files of pipelines.heatmaps")
+    p.add_argument("--params", help="the study's params file: gather its schemes only, report missing ones")
+    p.add_argument("--out-dir", required=True, help="where the overview goes")
     p.add_argument("--json", required=True)
     p.add_argument("--md", help="Markdown table of the band scores over seeds")
-    p.add_argument("--batches", type=int, default=2)
     a = p.parse_args(argv)
-    ckpts = checkpoints(a.runs_dir) if Path(a.runs_dir).is_dir() else []
-    if not ckpts:
-        raise SystemExit(f"no checkpoints matching {a.runs_dir}/<scheme>/(mlm|lm)-s<seed>/checkpoints/last.ckpt")
-    args = [x for c in ckpts for x in ("--ckpt", str(c))]
-    rc = correlations.main(args + ["--out-dir", a.out_dir, "--json", a.json, "--batches", str(a.batches),
-                                   "--draw-seed", str(a.draw_seed)])
-    if rc == 0 and a.md:
-        write_text(a.md, band_markdown(json.loads(Path(a.json).read_text())["schemes"]))
-    return rc
+    from analysis.overview import plot_overview
+    from analysis.terms import summary_document
+
+    files = per_scheme(a.summaries, study_schemes(a.params) if a.params else None, "heatmaps")
+    if not files:
+        raise SystemExit("error: no per-scheme heatmap summaries to gather")
+    maps, models, spread, width, seed = gather(files)
+    overview = plot_overview(maps, Path(a.out_dir) / "overview", width)
+    doc = summary_document(models, width, seed=seed, overview=[portable_path(p) for p in overview],
+                           schemes=dict(sorted(spread.items())))
+    write_json(a.json, doc, allow_nan=False)
+    if a.md:
+        write_text(a.md, band_markdown(doc["schemes"]))
+    print(f"{len(files)} schemes: {a.json}, {overview[0]}" + (f", {a.md}" if a.md else ""))
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

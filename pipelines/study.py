@@ -4,7 +4,7 @@ length extrapolation of every causal-LM run, on a pool of worker processes.
     python -m pipelines.study rope --tasks lm mlm --seeds 0 1 2 --workers 2 --threads 1 \
         --runs-dir runs/rope --results results/runs/rope.json \
         --extrapolation results/extrapolation/rope.csv --multipliers 1 2 4 8 16 --max-tokens 16384 \
-        --common "data=tinyshakespeare data.vocab_size=260 model=tiny" \
+        --common "data=tinyshakespeare data.vocab_size=260 model=tiny" --scheme-overrides "" \
         --lm "data.seq_len=64 trainer.max_steps=600" --mlm "data.seq_len=64 trainer.max_steps=600"
 
 Why a pool inside one stage: ``dvc repro`` runs its stages one at a time, so
@@ -18,12 +18,21 @@ neither before the pool starts).
 
 Each job is one training run (``posenc.train.train``) into
 ``<runs-dir>/<task>-s<seed>/``; a causal-LM job then scores its checkpoint at
-every evaluation length (``posenc.evaluate``). The results file records, per
-run, the final validation (and test) metrics and the seconds spent training
-and evaluating, and for the stage its start-up and wall time; the
-extrapolation rows of all seeds go to one file. A failed job does not stop the
-others; the stage then exits non-zero naming every failure, and writes no
-results file (DVC keeps nothing of a failed stage).
+every evaluation length (``posenc.evaluate``). ``<runs-dir>`` belongs to the
+stage: it is emptied before the runs start, so it never mixes runs of two
+versions of the study (the runs are not DVC outputs: they are not committed,
+and the committed results must not depend on them being present). The results
+file records, per run, the final validation (and test) metrics and the seconds
+spent training and evaluating, and for the stage its start-up and wall time;
+the extrapolation rows of all seeds go to one file. It also records what the
+runs were made with (``provenance``): the digests of the shared code
+(``posenc.fingerprint.STUDY_CORE``), of the scheme (its fingerprint) and of the
+study's settings (``--common``, ``--lm``, ``--mlm``, seeds, lengths and the
+data's token checksum; not ``--scheme-overrides``, ``--tasks``, ``--extensions``
+or the worker count), which the summaries compare before they put schemes in
+one table. A failed job does not stop the others; the stage then exits
+non-zero naming every failure, and writes no results file (DVC keeps nothing
+of a failed stage).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import argparse
 import multiprocessing as mp
 import os
 import shlex
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -125,6 +135,21 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
             "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows}
 
 
+def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
+    """What the runs were made with: digests of the shared code, of the scheme, and of the
+    study's settings (the data by the token checksum its runs recorded)."""
+    import json
+
+    from posenc.fingerprint import files_digest, json_digest, scheme_fingerprint
+
+    tokens = sorted({json.loads((Path(r["run_dir"]) / "run.json").read_text())["identity"]["data.tokens_sha256"]
+                     for r in done})
+    settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
+                "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
+    return {"core": files_digest(), "scheme": scheme_fingerprint(a.scheme)["digest"],
+            "settings": json_digest(settings)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,6 +167,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="context-extension rules of the scheme (rope: pi ntk yarn), evaluated zero-shot too; "
                    "<rule>@<multiple>x<steps> (pi@4x100): fine-tuned with the rule at that multiple of L first")
     p.add_argument("--common", default="", help="Hydra overrides for every run (one string)")
+    p.add_argument("--scheme-overrides", default="",
+                   help="Hydra overrides of this scheme's runs (one string; after --common, before --lm/--mlm)")
     p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
     p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
     a = p.parse_args(argv)
@@ -162,10 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     jobs = []
     for task in a.tasks:  # causal-LM jobs first: they also evaluate, so they are the longest
         for seed in a.seeds:
-            overrides = shlex.split(a.common) + shlex.split(getattr(a, task))
+            overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(getattr(a, task))
             extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task == "lm" else None
             jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
                          a.extensions if task == "lm" else []))
+    if Path(a.runs_dir).is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
+        shutil.rmtree(a.runs_dir)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -211,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_s": round(sum(r["eval_s"] for r in done), 2),
         "wall_s": round(time.time() - T0, 2),
     }
-    write_json(a.results, {"scheme": a.scheme, "timing": timing, "runs": done})
+    write_json(a.results, {"scheme": a.scheme, "provenance": provenance(a, done), "timing": timing, "runs": done})
     print(f"{a.scheme}: {n} runs in {timing['wall_s']:.0f} s (start-up {timing['startup_s']:.0f} s)")
     return 0
 

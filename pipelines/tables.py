@@ -2,15 +2,23 @@
 Welch t-test for "does <scheme> help?", and where the study's time went.
 
     python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv \
+        --params params.yaml --lm-question alibi \
         --question fixed_bidirectional --against none sinusoidal learned shaw transformer_xl \
         --out-dir results --md-dir figures
 
 Reads what ``pipelines.study`` writes (one ``results/runs/<scheme>.json`` per
-scheme, one extrapolation file per scheme) and writes, each as JSON and Markdown
-(for the README):
+scheme, one extrapolation file per scheme). With ``--params``, only the study's
+schemes are read, and a study scheme without its files is reported and left
+out. Results made with other shared code or settings than the rest
+(``provenance``, see ``pipelines.gather.check_provenance``) stop the stage
+before anything is written. It writes, each as JSON and Markdown (for the
+README):
 
 * ``lm_table``: perplexity at every evaluation length, mean ± sample sd over
-  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged;
+  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged, with
+  the difference of each scheme's ratio to that of ``--lm-question`` and its
+  Welch test over seeds (does a scheme extrapolate better or worse than the
+  question scheme?);
 * ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, the
   difference of accuracy to ``none`` with its Welch test, and the question
   scheme against each scheme of ``--against`` and the best scheme;
@@ -30,10 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 from posenc.files import write_json, write_text
+
+from .gather import check_provenance, per_scheme, study_schemes
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -86,8 +97,24 @@ def lm_table(paths: list[str | Path]) -> dict:
         rm, rsd = mean_sd(ratios) if ratios else (None, None)
         out[str(scheme)] = {"train_len": train_len, "seeds": sorted(int(s) for s in sub["seed"].unique()),
                             "lengths": lengths, "ratio_longest": {"mean": rm, "sd": rsd, "n": len(ratios),
-                                                                  "longest": top}}
+                                                                  "longest": top, "values": ratios}}
     return out
+
+
+def compare_ratios(table: dict, question: str | None) -> dict:
+    """Each scheme's ratio ppl(longest) / ppl(L) minus that of ``question``, Welch-tested
+    over seeds (``vs_question`` in each entry; the question's own entry has none).
+    Schemes evaluated to another longest length are not compared."""
+    table = {s: {k: v for k, v in e.items() if k != "vs_question"} for s, e in table.items()}
+    q = table.get(question) if question else None
+    if q is None or not q["ratio_longest"]["values"]:
+        return table
+    for s, e in table.items():
+        r = e["ratio_longest"]
+        if s != question and r["values"] and r["longest"] == q["ratio_longest"]["longest"] \
+                and e["train_len"] == q["train_len"]:
+            e["vs_question"] = {"question": question, **welch(r["values"], q["ratio_longest"]["values"])}
+    return table
 
 
 def at_length(entry: dict, length: int) -> dict:
@@ -96,12 +123,15 @@ def at_length(entry: dict, length: int) -> dict:
     return entry["lengths"].get(length) or entry["lengths"].get(str(length)) or {}
 
 
-def lm_markdown(table: dict) -> str:
+def lm_markdown(table: dict, question: str | None = None) -> str:
     lengths = sorted({int(k) for e in table.values() for k in e["lengths"]})
     L = min(e["train_len"] for e in table.values())
     head = " | ".join(f"{t} ({t // L}L)" if t % L == 0 else str(t) for t in lengths)
-    lines = [f"| scheme | {head} | ppl({lengths[-1] // L}L) / ppl(L) | seeds |",
-             "| --- |" + " ---: |" * (len(lengths) + 2)]
+    compared = question is not None and any("vs_question" in e for e in table.values())
+    ratio = f"ppl({lengths[-1] // L}L) / ppl(L)"
+    extra = f" {ratio} − `{question}` (95% CI) | Welch p |" if compared else ""
+    lines = [f"| scheme | {head} | {ratio} | seeds |{extra}",
+             "| --- |" + " ---: |" * (len(lengths) + 2 + 2 * compared)]
     order = sorted(table, key=lambda s: (table[s]["ratio_longest"]["mean"] is None,
                                          table[s]["ratio_longest"]["mean"] or 0))
     for s in order:
@@ -112,7 +142,12 @@ def lm_markdown(table: dict) -> str:
             cells.append("n/a" if not c or c["mean"] is None else f"{c['mean']:.2f} ± {c['sd']:.2f}")
         r = e["ratio_longest"]
         ratio = "—" if r["mean"] is None else f"{r['mean']:.2f} ± {r['sd']:.2f}"
-        lines.append(f"| `{s}` | {' | '.join(cells)} | {ratio} | {len(e['seeds'])} |")
+        row = f"| `{s}` | {' | '.join(cells)} | {ratio} | {len(e['seeds'])} |"
+        if compared:
+            w = e.get("vs_question")
+            ci = "" if not w or not w.get("ci") else f" ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f})"
+            row += " — | — |" if not w else f" {w['diff']:+.2f}{ci} | {_p(w['p'])} |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 
@@ -205,23 +240,33 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m pipelines.tables", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="results/runs/<scheme>.json files of pipelines.study")
-    p.add_argument("--extrapolation", nargs="+", required=True, help="extrapolation results files")
-    p.add_argument("--question", default="fixed_bidirectional")
+    p.add_argument("--extrapolation", nargs="+", required=True, help="extrapolation results files (<scheme>.csv)")
+    p.add_argument("--params", help="the study's params file: read its schemes only, report missing ones")
+    p.add_argument("--lm-question", default="alibi",
+                   help="the scheme every other scheme's ppl(longest)/ppl(L) is compared with")
+    p.add_argument("--question", default="fixed_bidirectional", help="masked LM: the scheme whose help is tested")
     p.add_argument("--against", nargs="*", default=["none", "sinusoidal", "learned", "shaw", "transformer_xl"])
     p.add_argument("--out-dir", default="results")
     p.add_argument("--md-dir", default="figures")
     a = p.parse_args(argv)
     out, md = Path(a.out_dir), Path(a.md_dir)
-    lm = lm_table(a.extrapolation)
+    schemes = study_schemes(a.params) if a.params else None
+    runs = per_scheme(a.runs, schemes, "runs")
+    check_provenance(runs)
+    extrapolation = per_scheme(a.extrapolation, schemes, "extrapolation results")
+    lm = compare_ratios(lm_table(list(extrapolation.values())), a.lm_question)
+    if a.lm_question not in lm:
+        print(f"note: --lm-question {a.lm_question} has no extrapolation results: no comparison column",
+              file=sys.stderr)
     write_json(out / "lm_table.json", lm)
-    write_text(md / "lm_table.md", lm_markdown(lm))
-    mlm = mlm_table(mlm_runs(a.runs), a.question, a.against)
+    write_text(md / "lm_table.md", lm_markdown(lm, a.lm_question))
+    mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against)
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
-    write_json(out / "timing.json", timing(a.runs))
+    write_json(out / "timing.json", timing(list(runs.values())))
     for scheme, row in headline(lm, mlm).items():  # one file per scheme: one row each in `dvc metrics show`
         write_json(out / "metrics" / f"{scheme}.json", row)
-    print(lm_markdown(lm))
+    print(lm_markdown(lm, a.lm_question))
     print(mlm_markdown(mlm))
 
 

@@ -1,5 +1,7 @@
-"""`dvc repro` on a reduced study: every figure and result is built, and a second
-repro with nothing changed runs nothing."""
+"""`dvc repro` on a reduced study: every figure and result is built, a second repro
+with nothing changed runs nothing, and on a fresh clone a scheme added as the README
+says (one class, one YAML, one line in params.yaml) is trained and put into every
+table and figure with nothing else retrained and no other scheme's output touched."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ REDUCED = {
     "schemes": {"none": {"tasks": "lm mlm", "overrides": "", "extensions": ""},
                 "alibi": {"tasks": "lm mlm", "overrides": "", "extensions": ""},
                 "xpos": {"tasks": "lm", "overrides": "", "extensions": ""}},
+    "lm_table": {"question": "alibi"},
     "mlm_table": {"question": "alibi", "against": "none"},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
@@ -51,6 +54,9 @@ def _copy_project(dst: Path) -> None:
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    # the copy's own package and configs, as after `pip install -e .` in a clone (the test's
+    # environment has the repository's src/ installed editable, which PYTHONPATH precedes)
+    env["PYTHONPATH"] = str(cwd / "src")
     env.pop("POSENC_ROOT", None)
     env.pop("MLFLOW_TRACKING_URI", None)  # set in this process by earlier tests (MLflow keeps its URI there)
     env["OMP_NUM_THREADS"] = "1"
@@ -120,16 +126,20 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert labels == {"none (mlm)", "alibi (mlm)", "xpos (lm)"}, labels
     assert len(corr["models"]) == 6
     assert corr["schemes"]["alibi (mlm)"]["terms"]["position-position"]["n"] == 2
-    drawn = [json.loads((tmp_path / f"runs/{r}-s0/run.json").read_text())["run_name"]  # figures named by run
-             for r in ("none/mlm", "alibi/mlm", "xpos/lm")]
-    assert {p.name for p in (tmp_path / "figures/correlations").glob("*.png")} == {
-        f"{name}{h}.png" for name in drawn for h in ("", "_heads")} | {"overview.png"}
+    drawn = {r.split("/")[0]: json.loads((tmp_path / f"runs/{r}-s0/run.json").read_text())["run_name"]
+             for r in ("none/mlm", "alibi/mlm", "xpos/lm")}  # figures named by run, a folder per scheme
+    assert {p.relative_to(tmp_path / "figures/correlations").as_posix()
+            for p in (tmp_path / "figures/correlations").rglob("*.png")} == {
+        f"{scheme}/{name}{h}.png" for scheme, name in drawn.items() for h in ("", "_heads")} | {"overview.png"}
+    assert {p.name for p in (tmp_path / "results/correlations").iterdir()} == {
+        f"{s}.{ext}" for s in drawn for ext in ("json", "npz")}
     assert list((tmp_path / "figures/pretrained").glob("*.png"))
     table = json.loads((tmp_path / "results/mlm_table.json").read_text())
     assert set(table["summary"]) == {"none", "alibi"} and table["summary"]["alibi"]["n"] == 2
     assert set(table["tests"]) == {"none"}
     lm = json.loads((tmp_path / "results/lm_table.json").read_text())
     assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
+    assert lm["none"]["vs_question"]["question"] == "alibi" and "vs_question" not in lm["alibi"]
     timing = json.loads((tmp_path / "results/timing.json").read_text())
     assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2
     # committed results name no absolute path of the machine that made them
@@ -159,3 +169,97 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     page = (tmp_path / "dvc_plots" / "index.html").read_text()
     assert "<script" not in page and page.count("<img") == 3, page[:2000]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
+
+    _check_adding_a_scheme(tmp_path, tmp_path.parent / f"{tmp_path.name}-clone")
+
+
+# A throwaway scheme as the README's "Add your scheme" says: one class in its own module
+# under src/posenc/encodings/, one YAML naming it, one line in params.yaml.
+NEW_SCHEME = {
+    "src/posenc/encodings/penalty.py": '''
+import torch
+from torch import nn
+
+from .base import PositionalScheme
+from .bias import relative_to_dense
+
+
+class DistancePenalty(PositionalScheme):
+    """-softplus(w_h) |i - j| / 8 on the logits: a throwaway scheme for a test.
+
+    Checked against nothing: it exists to be added to a study, not to be right.
+    """
+
+    has_bias = True
+    position_only_bias = True
+    relative = True
+
+    def __init__(self, *, init: float = 0.0, **kw):
+        super().__init__(**kw)
+        self.w = nn.Parameter(torch.full((self.n_heads,), init))
+
+    def relative_bias(self, rel):
+        return -nn.functional.softplus(self.w)[:, None] * rel.abs().to(self.w.dtype)[None] / 8
+
+    def bias(self, q, k, q_pos, k_pos):
+        return relative_to_dense(self, q_pos, k_pos)
+
+    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+        return None
+''',
+    "conf/encoding/penalty.yaml": "name: penalty\nscheme:\n  _target_: posenc.encodings.penalty.DistancePenalty\n"
+                                  "  _partial_: true\n  init: 0.5\n",
+}
+#: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
+ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "figures", "bench",
+                "publish"}
+SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
+                   "figures/correlations_table.md", "figures/extrapolation.png", "figures/extrapolation.svg",
+                   "figures/lm_table.md", "figures/mlm_table.md", "results/correlations.json",
+                   "results/extrapolation.csv", "results/lm_table.json", "results/mlm_table.json",
+                   "results/timing.json", "results/mlflow_study.json"}
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def _check_adding_a_scheme(study: Path, clone: Path) -> None:
+    """On a fresh clone of the committed study (no runs/, no token cache), the README's
+    route trains the new scheme only and leaves every other scheme's output as it was."""
+    _git(study, "add", "-A")
+    _git(study, "commit", "-qm", "reduced study")
+    _git(study, "clone", "-q", str(study), str(clone))
+    before = {p.relative_to(clone).as_posix(): p.read_bytes() for p in clone.rglob("*")
+              if p.is_file() and ".git" not in p.parts}
+    for rel, text in NEW_SCHEME.items():
+        (clone / rel).write_text(text.lstrip())
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["schemes"]["penalty"] = {"tasks": "lm mlm", "overrides": "", "extensions": ""}
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    status = _dvc(clone, "status")
+    listed = {line[:-1] for line in status.stdout.splitlines() if line and not line[0].isspace()}
+    assert listed == ROUTE_STAGES, status.stdout
+    route = _dvc(clone, "repro")
+    assert route.returncode == 0, route.stdout[-4000:] + route.stderr[-4000:]
+    ran = {line.split("'")[1] for line in route.stdout.splitlines() if line.startswith("Running stage")}
+    assert ran == ROUTE_STAGES, route.stdout
+
+    changed = _git(clone, "status", "--porcelain", "--untracked-files=all").splitlines()
+    deleted = [line for line in changed if line[:2].strip().startswith("D")]
+    assert not deleted, deleted
+    modified = {line[3:] for line in changed if not line.startswith("??")}
+    assert modified <= SUMMARY_OUTPUTS | {f for f in before if f.startswith(("figures/bench/", "results/metrics/"))}
+    for f, data in before.items():  # every per-scheme file of the other schemes, byte for byte
+        if f.startswith(("results/runs/", "results/extrapolation/", "results/correlations/", "results/fingerprints/",
+                         "results/metrics/", "figures/correlations/")) and "/overview." not in f:
+            assert (clone / f).read_bytes() == data, f
+    # the new scheme is in both tables, both figures' data and the heatmaps
+    assert "penalty" in json.loads((clone / "results/lm_table.json").read_text())
+    assert "penalty" in json.loads((clone / "results/mlm_table.json").read_text())["summary"]
+    assert "penalty (mlm)" in json.loads((clone / "results/correlations.json").read_text())["schemes"]
+    assert "\npenalty,0," in (clone / "results/extrapolation.csv").read_text()
+    assert list((clone / "figures/correlations/penalty").glob("*_heads.png"))
+    assert (clone / "results/metrics/penalty.json").is_file()

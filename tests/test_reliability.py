@@ -13,7 +13,7 @@ import pytest
 
 from posenc.train import ConfigError, train
 
-from .conftest import REPO, cli_env, cli_overrides
+from .conftest import REPO, cli_overrides
 from .test_train import _cli, runs_of
 
 

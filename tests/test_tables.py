@@ -55,6 +55,58 @@ def test_lm_table_ratio_per_seed_and_not_applicable(tmp_path):
     assert head["learned"] == {"ppl_L": 3.0, "ppl_2L": None, "ratio": None}
 
 
+def test_lm_table_compares_every_ratio_with_the_question(tmp_path):
+    """Each scheme's per-seed ratios against the question scheme's, Welch-tested as scipy does."""
+    write_results(_rows("q", 0, {4: 2.0, 8: 2.0}) + _rows("q", 1, {4: 2.0, 8: 2.2}) + _rows("q", 2, {4: 2.0, 8: 2.1}),
+                  tmp_path / "q.csv")
+    write_results(_rows("a", 0, {4: 2.0, 8: 4.0}) + _rows("a", 1, {4: 2.0, 8: 5.0}) + _rows("a", 2, {4: 2.0, 8: 4.4}),
+                  tmp_path / "a.csv")
+    write_results(_rows("short", 0, {4: 2.0, 8: math.nan}), tmp_path / "short.csv")
+    t = tables.compare_ratios(tables.lm_table([tmp_path / f"{s}.csv" for s in ("q", "a", "short")]), "q")
+    w, ref = t["a"]["vs_question"], stats.ttest_ind([2.0, 2.5, 2.2], [1.0, 1.1, 1.05], equal_var=False)
+    assert w["question"] == "q" and w["diff"] == pytest.approx(2.2333 - 1.05, abs=1e-3)
+    assert w["p"] == pytest.approx(ref.pvalue) and w["t"] == pytest.approx(ref.statistic)
+    assert "vs_question" not in t["q"] and "vs_question" not in t["short"]  # itself; no ratio
+    md = tables.lm_markdown(t, "q")
+    assert "ppl(2L) / ppl(L) − `q` (95% CI) | Welch p |" in md.splitlines()[0]
+    assert "| `a` |" in md and f"| +1.18 ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f}) | {tables._p(w['p'])} |" in md
+    assert md.splitlines()[2].startswith("| `q` |") and md.splitlines()[2].endswith("| — | — |")
+    assert "Welch" not in tables.lm_markdown(tables.compare_ratios(t, "absent"), "absent")
+
+
+def _study_files(tmp_path, scheme, core="c1"):
+    write_results(_rows(scheme, 0, {4: 2.0, 8: 3.0}) + _rows(scheme, 1, {4: 2.1, 8: 3.3}),
+                  tmp_path / "extrapolation" / f"{scheme}.csv")
+    runs = [{"scheme": scheme, "task": "mlm", "seed": i, "val/acc": 0.3 + i / 100, "val/ppl": 9.0} for i in (0, 1)]
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "runs" / f"{scheme}.json").write_text(json.dumps({
+        "scheme": scheme, "provenance": {"core": core, "scheme": scheme, "settings": "s"},
+        "timing": {"wall_s": 1, "startup_s": 0, "train_s": 1, "eval_s": 0}, "runs": runs}))
+
+
+def test_tables_stage_reads_the_study_schemes_and_refuses_mixed_code(tmp_path, capsys):
+    for s in ("none", "alibi", "extra"):
+        _study_files(tmp_path, s)
+    params = tmp_path / "params.yaml"
+    params.write_text("schemes:\n  none: {}\n  alibi: {}\n  sandwich: {}\n")
+    args = [*map(str, sorted((tmp_path / "runs").glob("*.json"))), "--extrapolation",
+            *map(str, sorted((tmp_path / "extrapolation").glob("*.csv"))), "--params", str(params),
+            "--lm-question", "alibi", "--question", "alibi", "--against", "none",
+            "--out-dir", str(tmp_path / "out"), "--md-dir", str(tmp_path / "md")]
+    tables.main(args)
+    err = capsys.readouterr().err
+    assert "no runs for scheme sandwich" in err and "extra.json belongs to no scheme of the study" in err
+    lm = json.loads((tmp_path / "out" / "lm_table.json").read_text())
+    assert set(lm) == {"none", "alibi"} and lm["none"]["vs_question"]["question"] == "alibi"
+    assert sorted(p.name for p in (tmp_path / "out" / "metrics").iterdir()) == ["alibi.json", "none.json"]
+    # results of another version of the shared code: refused before anything is written
+    _study_files(tmp_path, "alibi", core="c2")
+    (tmp_path / "out" / "lm_table.json").unlink()
+    with pytest.raises(SystemExit, match=r"(?s)different shared code.*: none\n.*: alibi"):
+        tables.main(args)
+    assert not (tmp_path / "out" / "lm_table.json").exists()
+
+
 def test_mlm_table_tests_the_question_against_the_list_and_the_best(tmp_path):
     runs = {"none": [0.24, 0.25, 0.23], "sinusoidal": [0.30, 0.31, 0.29], "fixed": [0.45, 0.46, 0.44],
             "rope": [0.50, 0.49, 0.51]}
@@ -102,3 +154,33 @@ def test_an_interrupted_run_stops_the_stage_with_exit_130(tmp_path, data_root, c
     assert not results.exists()
     state = torch.load(tmp_path / "runs" / "mlm-s0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert state["global_step"] == 3
+
+
+def test_a_study_stage_empties_its_runs_folder_and_records_provenance(tmp_path, data_root, cache_dir):
+    """The stage owns <runs-dir>: a run folder of an earlier version of the study does not stay
+    beside the new ones; the results record the digests of the shared code, the scheme and
+    the settings, and a scheme's own overrides are not part of the shared settings."""
+    from posenc.fingerprint import files_digest, scheme_fingerprint
+
+    runs = tmp_path / "runs"
+    (runs / "lm-s9" / "checkpoints").mkdir(parents=True)
+    common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
+              "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
+              "data.batch_size=4 trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 "
+              "log_checkpoint=false logger.experiment_name=provenance")
+
+    def run(scheme_overrides: str, results: str) -> dict:
+        rc = study.main(["none", "--tasks", "lm", "--seeds", "0", "--workers", "1", "--runs-dir", str(runs),
+                         "--results", str(tmp_path / results), "--extrapolation", str(tmp_path / "x.csv"),
+                         "--multipliers", "1", "--max-tokens", "64", "--common", common,
+                         "--scheme-overrides", scheme_overrides, "--lm", "data.seq_len=16"])
+        assert rc == 0
+        return json.loads((tmp_path / results).read_text())
+
+    first = run("", "a.json")
+    assert sorted(p.name for p in runs.iterdir()) == ["lm-s0"]
+    prov = first["provenance"]
+    assert prov["core"] == files_digest() and prov["scheme"] == scheme_fingerprint("none")["digest"]
+    second = run("optim.weight_decay=0.05", "b.json")
+    assert second["provenance"] == prov  # the scheme's own overrides are not shared settings
+    assert "weight_decay: 0.05" in (runs / "lm-s0" / "config.yaml").read_text()  # but they were applied

@@ -55,15 +55,20 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int = 2, **dump_kw) ->
 def save_figure(
     fig, stem: str | os.PathLike, formats: Sequence[str] = ("png", "svg"), dpi: int = 150, **savefig_kw
 ) -> list[Path]:
-    """``<stem>.<fmt>`` for every format, each written atomically; the figure is closed after."""
+    """``<stem>.<fmt>`` for every format, each written atomically; the figure is closed after.
+    An SVG carries no creation date and fixed element ids, so the same figure gives the
+    same bytes."""
     import matplotlib.pyplot as plt
 
     stem = Path(stem)
+
+    def save(tmp: Path, fmt: str) -> None:
+        kw = {"metadata": {"Date": None}, **savefig_kw} if fmt == "svg" else savefig_kw
+        with plt.rc_context({"svg.hashsalt": "posenc"}):
+            fig.savefig(tmp, format=fmt, dpi=dpi, **kw)
+
     try:
-        return [
-            atomic(stem.with_name(f"{stem.name}.{fmt}"), lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=dpi, **savefig_kw))
-            for fmt in formats
-        ]
+        return [atomic(stem.with_name(f"{stem.name}.{fmt}"), lambda tmp, fmt=fmt: save(tmp, fmt)) for fmt in formats]
     finally:
         plt.close(fig)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import hydra
 import lightning as L
-import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate

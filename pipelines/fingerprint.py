@@ -1,0 +1,70 @@
+"""The fingerprint of every scheme of the study: one file each, which its study stage depends on.
+
+    python -m pipelines.fingerprint --params params.yaml --out-dir results/fingerprints [--check]
+
+For each scheme under ``schemes:`` in the params file, writes
+``<out-dir>/<scheme>.json`` (``posenc.fingerprint.scheme_fingerprint``: the
+scheme's config and the digest of every function and class of the project its
+class reaches), and says per scheme whether it is new, unchanged or changed and
+what changed. A file whose content is unchanged is not rewritten, so
+``study@<scheme>`` re-runs only when its own scheme's code or config changed;
+files of schemes no longer in the study are removed. ``--check`` writes nothing
+and exits 1 when a fingerprint would change: which study stages the next
+``dvc repro`` re-runs for their scheme (``dvc status`` shows only that this
+stage's inputs changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from posenc.files import write_text
+from posenc.fingerprint import changed_parts, scheme_fingerprint
+
+from .gather import study_schemes
+
+
+def render(doc: dict) -> str:
+    return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.fingerprint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", default="params.yaml", help="the study's params file (its schemes: are fingerprinted)")
+    p.add_argument("--out-dir", default="results/fingerprints")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a fingerprint would change")
+    a = p.parse_args(argv)
+    out = Path(a.out_dir)
+    schemes = study_schemes(a.params)
+    changed = 0
+    for name in schemes:
+        try:
+            doc = scheme_fingerprint(name)
+        except (FileNotFoundError, ValueError, ImportError, AttributeError) as e:
+            print(f"error: scheme {name} of {a.params}: {e}", file=sys.stderr)
+            return 2
+        path = out / f"{name}.json"
+        old = json.loads(path.read_text()) if path.is_file() else None
+        if old is not None and old.get("digest") == doc["digest"] and path.read_text() == render(doc):
+            print(f"{name}: unchanged")
+            continue
+        changed += 1
+        what = "new" if old is None else "changed: " + ", ".join(changed_parts(old, doc) or ["file layout"])
+        print(f"{name}: {what}" + ("" if a.check else f" -> {path}"))
+        if not a.check:
+            write_text(path, render(doc))
+    for stale in sorted(out.glob("*.json")) if out.is_dir() else []:
+        if stale.stem not in schemes:
+            changed += 1
+            print(f"{stale.stem}: no longer in {a.params}" + ("" if a.check else f", {stale} removed"))
+            if not a.check:
+                stale.unlink()
+    return 1 if a.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""One scheme's Ke et al. heatmaps and band scores, from the runs its study stage made.
+
+    python -m pipelines.heatmaps alibi --runs results/runs/alibi.json --draw-seed 0 --batches 2 \
+        --out-dir figures/correlations/alibi --json results/correlations/alibi.json \
+        --maps results/correlations/alibi.npz
+
+Reads the runs that ``pipelines.study`` recorded in ``--runs`` (its masked-LM runs,
+or its causal-LM ones when the scheme is causal only, such as xPos: their panels
+are titled "(lm)"), summarises every run (band score of each term, and their mean
+and sd over seeds), draws the runs of ``--draw-seed`` (Figure 2 and every head,
+under ``--out-dir``) and saves their maps (``--maps``), from which the
+``correlations`` stage draws the overview of every scheme. Everything it writes
+belongs to this scheme alone.
+
+The runs themselves are not committed: on a fresh clone this stage can run only
+after the scheme's study stage has trained them again, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from posenc.files import write_json
+
+TASKS = ("mlm", "lm")  # the masked-LM runs when there are any
+
+
+def checkpoints(runs_file: str | Path) -> list[Path]:
+    """The last checkpoint of every run of the scheme's first task in ``TASKS`` that it has."""
+    doc = json.loads(Path(runs_file).read_text())
+    runs = doc["runs"]
+    task = next((t for t in TASKS if any(r["task"] == t for r in runs)), None)
+    if task is None:
+        raise SystemExit(f"{runs_file}: no masked-LM or causal-LM runs")
+    ckpts = [Path(r["run_dir"]) / "checkpoints" / "last.ckpt" for r in sorted(runs, key=lambda r: r["seed"])
+             if r["task"] == task]
+    missing = [str(c) for c in ckpts if not c.is_file()]
+    if missing:
+        raise SystemExit(
+            f"error: the runs of {doc['scheme']} recorded in {runs_file} are not here ({', '.join(missing)}): "
+            f"runs are not committed, so on a fresh clone this stage needs them trained again: "
+            f"`dvc repro --force study@{doc['scheme']} heatmaps@{doc['scheme']}`"
+        )
+    return ckpts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.heatmaps", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scheme")
+    p.add_argument("--runs", required=True, help="results/runs/<scheme>.json of pipelines.study")
+    p.add_argument("--draw-seed", type=int, default=0, help="the seed whose runs are drawn")
+    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--out-dir", required=True, help="this scheme's figures")
+    p.add_argument("--json", required=True, help="this scheme's summary (every run, spread over seeds)")
+    p.add_argument("--maps", required=True, help=".npz of the drawn run's maps, for the overview")
+    a = p.parse_args(argv)
+    if a.batches < 1:
+        p.error("--batches must be at least 1")
+    from analysis.correlations import summarise
+    from analysis.terms import DEFAULT_BAND_WIDTH, seed_spread, summary_document
+
+    ckpts = checkpoints(a.runs)
+    drawn, summaries = summarise(ckpts, a.out_dir, a.batches, draw_seed=a.draw_seed)
+    if len(drawn) != 1:
+        raise SystemExit(f"error: {a.scheme}: expected one run of seed {a.draw_seed} to draw, found {len(drawn)}")
+    drawn[0].save(a.maps)
+    doc = summary_document(summaries, DEFAULT_BAND_WIDTH, scheme=a.scheme, seed=0, draw_seed=a.draw_seed,
+                           maps=Path(a.maps).as_posix(), schemes=seed_spread(summaries))
+    write_json(a.json, doc, allow_nan=False)
+    for label, spread in doc["schemes"].items():
+        bands = ", ".join(f"{t} {v['band_mean']:+.2f} ± {v['band_sd']:.2f}" for t, v in spread["terms"].items())
+        print(f"{label}, seeds {spread['seeds']}: {bands}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
