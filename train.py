@@ -3,7 +3,7 @@
 A sweep runs one process per point: ``python train.py -m encoding=none,rope,alibi``.
 """
 
-from posenc.train import cli
+from posenc.cli import cli
 
 if __name__ == "__main__":
     cli()

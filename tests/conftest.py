@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from posenc.train import CONFIG_DIR
+from posenc import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 

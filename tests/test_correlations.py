@@ -29,9 +29,10 @@ from omegaconf import OmegaConf
 from analysis import correlations as corr
 from analysis import heatmaps
 from analysis import terms as term_stats
-from posenc.runs import load_module, run_data
+from posenc import CONFIG_DIR
 from posenc.encodings.base import TERM_NAMES
-from posenc.train import CONFIG_DIR, train
+from posenc.runs import load_module, run_data
+from posenc.train import train
 
 from .conftest import FAST
 

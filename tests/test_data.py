@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from posenc.data import (
-    SPECIAL_TOKENS, Corpus, DataError, MaskedWindows, RandomWindows, StreamSampler, Windows, prepare,
+    SPECIAL_TOKENS,
+    Corpus,
+    DataError,
+    MaskedWindows,
+    RandomWindows,
+    StreamSampler,
+    Windows,
+    prepare,
 )
 
 
@@ -164,8 +171,8 @@ def test_hub_arguments_of_every_data_option(option, monkeypatch):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
+    from posenc import CONFIG_DIR
     from posenc.data import DataError
-    from posenc.train import CONFIG_DIR
 
     assert option in HUB, f"conf/data/{option}.yaml has no row in the HUB table of this test"
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

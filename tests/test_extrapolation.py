@@ -11,9 +11,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from posenc import CONFIG_DIR
 from posenc import evaluate as ev
 from posenc.module import build_model
-from posenc.train import CONFIG_DIR, train
+from posenc.train import train
 
 from .conftest import FAST
 

@@ -29,9 +29,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from posenc import CONFIG_DIR
 from posenc import evaluate as ev
 from posenc.runs import load_module
-from posenc.train import CONFIG_DIR, train
+from posenc.train import train
 
 from .conftest import FAST, REPO
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -14,7 +16,7 @@ import pytest
 from posenc.data import DataError
 from posenc.train import ConfigError, train
 
-from .conftest import cli_overrides
+from .conftest import REPO, cli_env, cli_overrides
 from .test_train import _cli, runs_of
 
 
@@ -190,3 +192,34 @@ def test_console_says_steps_and_where_the_run_is(tmp_path, data_root, cache_dir)
     assert "mlflow ui --backend-store-uri sqlite:///" in out
     meta = json.loads(next((tmp_path / "outputs").glob("**/run.json")).read_text())
     assert meta["identity"]["data.corpus.name"] == "tinyshakespeare"
+
+
+def test_a_scheme_outside_the_tree_trains_from_the_command_line(tmp_path, data_root, cache_dir):
+    """`python train.py hydra.searchpath=[file://<root>] encoding=<name>`: the one-line check of
+    the overrides composes with the same search path, so the scheme is an option (and an
+    unknown name lists it among them) instead of being refused."""
+    root, src = tmp_path / "mine" / "conf", tmp_path / "mine" / "src"
+    (root / "encoding").mkdir(parents=True)
+    src.mkdir()
+    (src / "my_scheme.py").write_text(
+        "from posenc.encodings.base import PositionalScheme\n\n\n"
+        "class Mine(PositionalScheme):\n    \"\"\"No positions at all.\"\"\"\n")
+    (root / "encoding" / "mine.yaml").write_text("name: mine\nscheme:\n  _target_: my_scheme.Mine\n  _partial_: true\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    search = f"hydra.searchpath=[file://{root}]"
+
+    def cli(*args):
+        env = cli_env(run_dir, data_root, cache_dir) | {"PYTHONPATH": str(src)}
+        return subprocess.run([sys.executable, str(REPO / "train.py"), search, *args], cwd=run_dir, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    unknown = cli("encoding=minee")
+    assert unknown.returncode == 2, unknown.stderr[-2000:]
+    assert unknown.stderr.strip().startswith("error: encoding=minee is not an option; available: ")
+    assert ", mine, " in unknown.stderr
+    r = cli(*cli_overrides(cache_dir), "encoding=mine", "logger=null", "trainer.max_steps=2",
+            "trainer.val_check_interval=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (metrics,) = run_dir.glob("outputs/runs/*mine-lm-*/metrics.json")
+    assert json.loads(metrics.read_text())["encoding"] == "mine"

@@ -1,4 +1,4 @@
-"""Training: ``train(cfg)`` is a plain function; ``main`` is the Hydra wrapper.
+"""Training: ``train(cfg)`` is a plain function; ``posenc.cli.main`` is the Hydra wrapper.
 
 Order of work, so that bad input fails before anything is written:
 config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
@@ -6,18 +6,14 @@ config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
-import re
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -27,9 +23,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from . import CONFIG_DIR, tracking
-from .callbacks import GracefulInterrupt, RunInterrupted, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
-from .errors import ConfigError, DataError
+from . import tracking
+from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
+from .errors import ConfigError
 from .files import write_json, write_text
 from .model import ModelSize
 from .module import LMModule
@@ -432,98 +428,3 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         if logger is not None:
             log.info("%s", tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
     return metrics
-
-
-def refuse(error: Exception) -> None:
-    """A refused run: one line naming the setting and the fix, no traceback,
-    and Hydra's folder for this job removed when nothing but Hydra's own files
-    is in it (so refused runs leave no orphan run folders)."""
-    try:
-        job_dir = Path(HydraConfig.get().runtime.output_dir)
-    except ValueError:
-        job_dir = None
-    if job_dir is not None and job_dir.is_dir():
-        if {p.name for p in job_dir.iterdir()} <= {".hydra", "train.log"}:
-            shutil.rmtree(job_dir, ignore_errors=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    try:
-        metrics = train(cfg)
-    except (ConfigError, DataError) as e:
-        refuse(e)
-    except RunInterrupted as e:  # exits 130, as shells expect of Ctrl-C, saying what was saved
-        print(f"{e}", file=sys.stderr)
-        raise
-    return metrics.get("val/loss")
-
-
-def composition_error(overrides: list[str]) -> str | None:
-    """One line for command-line overrides that do not compose (an unknown option of a
-    group, a misspelt key with the closest real one, a value of the wrong type, a
-    malformed override); ``None`` when they compose. Hydra's own report of these is
-    several lines and a traceback; this is what ``cli`` prints instead."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException, MissingConfigException
-
-    plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            compose("train", overrides=plain)
-            return None
-    except MissingConfigException as e:
-        found = re.search(r"Could not find '([^/']+)/([^']+)'", str(e))
-        if not found:
-            return f"error: {str(e).splitlines()[0]}"
-        group, name = found.groups()
-        options = ", ".join(sorted(p.stem for p in Path(CONFIG_DIR, group).glob("*.yaml")))
-        return f"error: {group}={name} is not an option; available: {options}"
-    except HydraException as e:
-        cause = str(e.__cause__ or "")
-        found = re.search(r"Could not override '([^']+)'", str(e))
-        if found and "not in struct" in cause:
-            return _misspelt(found.group(1), plain)
-        key = re.search(r"full_key: (\S+)", cause)
-        if key and cause:
-            return f"error: {key.group(1)}: {cause.splitlines()[0]}"
-        return f"error: {str(e).splitlines()[0]}"
-
-
-def _misspelt(key: str, overrides: list[str]) -> str:
-    """``trainer.max_step=10``: the closest real setting."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        base = compose("train", overrides=[o for o in overrides if o.split("=", 1)[0] != key])
-    keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return f"error: {key} is not a setting; {hint}(to add a new key, write +{key}={value})"
-
-
-def _null_groups(args: list[str]) -> list[str]:
-    """``logger=null`` (any config group set to null) means the group is left out: Hydra's ``~logger``."""
-    groups = {p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir()}
-    return [f"~{a.split('=', 1)[0]}" if a.endswith("=null") and a.split("=", 1)[0] in groups else a for a in args]
-
-
-def cli() -> None:
-    """``python train.py``: Hydra's ``main``. A single run whose overrides do not compose
-    stops first with one line (exit 2, as every refusal; nothing is written); sweeps and
-    flags (``-m``, ``--help``) keep Hydra's own handling."""
-    sys.argv[1:] = _null_groups(sys.argv[1:])
-    args = sys.argv[1:]
-    if not any(a.startswith("-") for a in args):
-        message = composition_error(args)
-        if message:
-            print(message, file=sys.stderr)
-            sys.exit(2)
-    main()
-
-
-if __name__ == "__main__":
-    cli()
