@@ -94,13 +94,15 @@ TABLE: dict[str, tuple[str, str, str]] = {
     "fixed_bidirectional": ("content-relative", "#c51b7d", "^"),
 }
 
-#: shades that unknown schemes of a family draw from (no known scheme uses them)
+#: shades that unknown schemes of a family draw from: the family's hue, picked from
+#: matplotlib's sequential maps as far (CIE76, in Lab) from the family's table shades
+#: as the hue allows, at least 13 units (a test checks it; greens are the most crowded)
 SPARE_SHADES: dict[str, tuple[str, ...]] = {
     "none": ("#262626", "#000000"),
-    "absolute": ("#9ecae1", "#2171b5", "#3f5ba9"),
-    "rotary": ("#fb6a4a", "#ff7f0e", "#cb181d"),
-    "position bias": ("#41ab5d", "#6b8e23", "#005a32"),
-    "content-relative": ("#807dba", "#ae017e", "#54278f"),
+    "absolute": ("#afc1dd", "#1764ab", "#03456c"),
+    "rotary": ("#fc9b7c", "#cb4b02", "#fb7252"),
+    "position bias": ("#85cfbb", "#006428", "#5ebe9b"),
+    "content-relative": ("#f994b1", "#840178", "#776cb1"),
     OTHER: ("#8c8c8c", "#b3b3b3", "#737373", "#cccccc"),
 }
 

@@ -77,6 +77,9 @@ def test_no_two_schemes_share_colour_and_marker_and_shades_differ():
         assert len({st[n].marker for n in members}) == len(members), fam
         for a, b in itertools.combinations(members, 2):
             assert _delta_e(st[a].color, st[b].color) > 15, (a, b)
+        # an unknown scheme's shade is no near-copy of a known one of its family
+        for spare in style.SPARE_SHADES[fam]:
+            assert min((_delta_e(spare, st[n].color) for n in members), default=99) > 13, (fam, spare)
 
 
 def _delta_e(c1: str, c2: str) -> float:
