@@ -109,24 +109,16 @@ def run(
     ckpts: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike = "figures/correlations",
     json_path: str | os.PathLike = "results/correlations.json",
-    n_batches: int = 2,
-    length: int | None = None,
-    batch_size: int | None = None,
-    band_width: int = DEFAULT_BAND_WIDTH,
-    data_dir: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    seed: int = 0,
-    heads: bool = True,
-    draw_seed: int | None = None,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """Figures and JSON for every checkpoint (``summarise``), plus the overview of the
-    drawn ones; returns the JSON object, whose ``schemes`` gives each term's band
-    score as mean, sample sd and values over the seeds of every scheme."""
-    drawn, summaries = summarise(ckpts, out_dir, n_batches, length, batch_size, band_width, data_dir, cache_dir,
-                                 seed, heads, draw_seed)
+    """Figures and JSON for every checkpoint (``summarise``, which takes ``settings``), plus
+    the overview of the drawn ones; returns the JSON object, whose ``schemes`` gives each
+    term's band score as mean, sample sd and values over the seeds of every scheme."""
+    drawn, summaries = summarise(ckpts, out_dir, **settings)
+    band_width = settings.get("band_width", DEFAULT_BAND_WIDTH)
     overview = plot_overview(drawn, Path(out_dir) / "overview", band_width)
     result = summary_document(
-        summaries, band_width, seed=seed, overview=[portable_path(p) for p in overview],
+        summaries, band_width, seed=settings.get("seed", 0), overview=[portable_path(p) for p in overview],
         schemes=seed_spread(summaries),
     )  # fmt: skip
     write_json(json_path, result, allow_nan=False)
@@ -154,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return report(
-        lambda: run(a.ckpt, a.out_dir, a.json, a.batches, a.length, a.batch_size, a.band_width, a.data_dir,
-                    a.cache_dir, a.seed, heads=not a.no_heads, draw_seed=a.draw_seed),
+        lambda: run(a.ckpt, a.out_dir, a.json, n_batches=a.batches, length=a.length, batch_size=a.batch_size,
+                    band_width=a.band_width, data_dir=a.data_dir, cache_dir=a.cache_dir, seed=a.seed,
+                    heads=not a.no_heads, draw_seed=a.draw_seed),
         a.json, a.out_dir,
     )  # fmt: skip
 
