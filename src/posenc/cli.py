@@ -26,16 +26,22 @@ from .errors import ConfigError, DataError
 from .train import train
 
 
+#: the job's name, which Hydra gives its log (``<run>/train.log``); by default Hydra would
+#: name it after the file that holds ``main``, this one
+JOB_NAME = "train"
+
+
 def refuse(error: Exception) -> None:
     """A refused run: one line naming the setting and the fix, no traceback,
     and Hydra's folder for this job removed when nothing but Hydra's own files
     is in it (so refused runs leave no orphan run folders)."""
     try:
-        job_dir = Path(HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        job_dir, log = Path(hydra_cfg.runtime.output_dir), f"{hydra_cfg.job.name}.log"
     except ValueError:
-        job_dir = None
+        job_dir = log = None
     if job_dir is not None and job_dir.is_dir():
-        if {p.name for p in job_dir.iterdir()} <= {".hydra", "train.log"}:
+        if {p.name for p in job_dir.iterdir()} <= {".hydra", log}:
             shutil.rmtree(job_dir, ignore_errors=True)
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
@@ -114,6 +120,8 @@ def cli() -> None:
     stops first with one line (exit 2, as every refusal; nothing is written); sweeps and
     flags (``-m``, ``--help``) keep Hydra's own handling."""
     sys.argv[1:] = _null_groups(sys.argv[1:])
+    if not any(a.lstrip("+~").split("=", 1)[0] == "hydra.job.name" for a in sys.argv[1:]):
+        sys.argv.append(f"hydra.job.name={JOB_NAME}")
     args = sys.argv[1:]
     if not any(a.startswith("-") for a in args):
         message = composition_error(args)
