@@ -181,17 +181,17 @@ class PositionalScheme(nn.Module):
         content override this.
         """
         s = self.logit_scale()
-        out = {"word-word": q_word @ k_word.transpose(-1, -2) * s}
+        out = {"word-word": q_word @ k_word.mT * s}
         if q_posn is not None:
-            out["word-position"] = q_word @ k_posn.transpose(-1, -2) * s
-            out["position-word"] = q_posn @ k_word.transpose(-1, -2) * s
-            out["position-position"] = q_posn @ k_posn.transpose(-1, -2) * s
+            out["word-position"] = q_word @ k_posn.mT * s
+            out["position-word"] = q_posn @ k_word.mT * s
+            out["position-position"] = q_posn @ k_posn.mT * s
             q, k = q_word + q_posn, k_word + k_posn
         else:
             q, k = q_word, k_word
         qr, kr = self.rotate(q, k, q_pos, k_pos)
         if qr is not q or kr is not k:
-            extra = (qr @ kr.transpose(-1, -2) - q @ k.transpose(-1, -2)) * s
+            extra = (qr @ kr.mT - q @ k.mT) * s
             out["position-position"] = out.get("position-position", 0) + extra
         b = self.bias(qr, kr, q_pos, k_pos)
         if b is not None:
