@@ -59,6 +59,10 @@ def test_evaluation_at_train_length_equals_training_validation(trained, tmp_path
     n_val = VAL_BATCHES * EVAL_BATCH * TRAIN_LEN  # the windows the last validation loop scored
     settings = ev.Settings(lengths=[TRAIN_LEN], methods=["nonoverlapping", "sliding"], stride=TRAIN_LEN,
                            max_tokens=n_val, progress=False)  # fmt: skip
+    client = mlflow.MlflowClient(trained["uri"])
+    keys = ("extrapolation/ppl_nonoverlapping", "extrapolation/ppl_sliding")
+    # the run is shared with the other tests of this module: compare with what it held before
+    before = {k: [(h.step, h.value) for h in client.get_metric_history(trained["run_id"], k)] for k in keys}
     rows, files = ev.evaluate_checkpoint(trained["run_dir"], settings, out=tmp_path / "res.csv")
     assert [r["method"] for r in rows] == ["nonoverlapping", "sliding"]
     for r in rows:
@@ -68,10 +72,13 @@ def test_evaluation_at_train_length_equals_training_validation(trained, tmp_path
         assert (r["scheme"], r["seed"], r["train_len"], r["eval_len"]) == ("rope", 0, TRAIN_LEN, TRAIN_LEN)
         assert r["run_id"] == trained["run_id"]
     assert [f.name for f in files] == ["res.csv", "res.json"] and all(f.is_file() for f in files)
-    # logged to the model's MLflow run: step = evaluation length
-    client = mlflow.MlflowClient(trained["uri"])
-    hist = client.get_metric_history(trained["run_id"], "extrapolation/ppl_nonoverlapping")
-    assert [(h.step, round(h.value, 6)) for h in hist] == [(TRAIN_LEN, round(rows[0]["ppl"], 6))]
+    # logged to the model's MLflow run: one new point per method, step = evaluation length
+    for key, row in zip(keys, rows):
+        after = [(h.step, h.value) for h in client.get_metric_history(trained["run_id"], key)]
+        added = list(after)
+        for point in before[key]:
+            added.remove(point)
+        assert [(step, round(v, 6)) for step, v in added] == [(TRAIN_LEN, round(row["ppl"], 6))], (key, before[key])
     arts = {a.path for a in client.list_artifacts(trained["run_id"], "extrapolation")}
     assert arts == {"extrapolation/res.csv", "extrapolation/res.json"}
 
@@ -81,7 +88,9 @@ def test_context_extension_rules_from_the_same_checkpoint(trained):
     their own MLflow metric; a scheme without the rule is refused in one line."""
     from posenc.errors import ConfigError
 
-    plain_settings = ev.Settings(multipliers=(1, 4), methods=("nonoverlapping",), max_tokens=1024, progress=False)
+    # the plain reference is not logged: the run is shared with the other tests of this module
+    plain_settings = ev.Settings(multipliers=(1, 4), methods=("nonoverlapping",), max_tokens=1024, progress=False,
+                                 log_mlflow=False)  # fmt: skip
     plain, _ = ev.evaluate_checkpoint(trained["run_dir"], plain_settings)
     client = mlflow.MlflowClient(trained["uri"])
     for rule in ("pi", "ntk", "yarn"):
@@ -118,7 +127,15 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     cfg = compose_cfg(tmp_path, data_root, cache_dir, f"data.seq_len={TRAIN_LEN}", "data.batch_size=8",
                       *tune, "log_checkpoint=false", "optim.lr=0.0")  # fmt: skip
     metrics = train(cfg, out_dir=tmp_path / "tuned")
-    assert metrics["global_step"] == 2 and math.isfinite(metrics["val/loss"])
+    assert metrics["global_step"] == 2
+    # its validation is the PI-scaled model at 2L: the same as evaluating the tuned checkpoint
+    # at 2L on the windows the validation loop scored (trainer.limit_val_batches of them)
+    n_val = cfg.trainer.limit_val_batches * cfg.data.eval_batch_size * 2 * TRAIN_LEN
+    (row,) = ev.evaluate_checkpoint(tmp_path / "tuned", ev.Settings(
+        lengths=[2 * TRAIN_LEN], methods=["nonoverlapping"], max_tokens=n_val, progress=False, log_mlflow=False))[0]
+    assert row["n_tokens"] == n_val and row["scheme"] == "rope"
+    # (after 4 steps the model is near uniform: PI against plain RoPE moves the loss by ~1e-5)
+    assert math.log(row["ppl"]) == pytest.approx(metrics["val/loss"], rel=1e-6)
     tuned = load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
     assert tuned.model.blocks[0].attn.scheme.scaling == "pi"
     assert tuned.hparams["cfg"]["init_from"] == str(ckpt)
@@ -195,16 +212,48 @@ def test_sliding_full_stride_equals_nonoverlapping_and_batches_stay_bounded(tmp_
         a, b = by[T, "nonoverlapping"], by[T, "sliding"]
         assert b["stride"] == T and a["n_tokens"] == b["n_tokens"] == 1024
         assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-6)
+    for T in lengths:  # each window computed alone
+        ppl, _ = reference_ppl(model, tokens, [(s, 0, T) for s in range(0, 1024, T)])
+        assert by[T, "nonoverlapping"]["ppl"] == pytest.approx(ppl, rel=1e-5), T
     half = ev.evaluate_model(model, tokens, [64], ["sliding"], stride=16, max_tokens=1024, progress=False)
-    assert half[0]["n_tokens"] == 1024 and half[0]["stride"] == 16 and math.isfinite(half[0]["ppl"])
+    assert half[0]["n_tokens"] == 1024 and half[0]["stride"] == 16
+    # by hand: the first window [0, 64) scores all 64 targets, each later one ends 16 tokens
+    # further on and scores only its last 16
+    plan = [(0, 0, 64)] + [(end - 64, 64 - 16, 64) for end in range(80, 1025, 16)]
+    ppl, count = reference_ppl(model, tokens, plan)
+    assert count == 1024 and half[0]["ppl"] == pytest.approx(ppl, rel=1e-5)
     assert half[0]["ppl"] != pytest.approx(by[64, "nonoverlapping"]["ppl"], rel=1e-9)
 
 
-def test_nope_finite_at_sixteen_times_train_length(tmp_path, data_root, cache_dir):
+def reference_ppl(model, tokens, windows):
+    """Perplexity of ``model`` over (start, first scored index, T) windows of ``tokens``,
+    each fed alone at positions 0..T-1, computed directly: one forward per window."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start, first, T in windows:
+            w = torch.from_numpy(tokens[start : start + T + 1].astype(np.int64))
+            logits = model(w[None, :-1]).double()[0]
+            nll = torch.nn.functional.cross_entropy(logits, w[1:], reduction="none")
+            total += nll[first:].sum().item()
+            count += T - first
+    return math.exp(total / count), count
+
+
+def test_nope_at_sixteen_times_train_length(tmp_path, data_root, cache_dir):
+    """NoPE has no length limit: at 1, 4 and 16 times the training length the perplexity
+    is that of the model on the same 1024 tokens cut into windows of that length, each
+    computed here window by window; an untrained model is close to uniform (ppl ~ V)."""
     model, tokens = tiny_model(tmp_path, data_root, cache_dir, "encoding=none")
+    vocab = model.cfg.vocab_size
     rows = ev.evaluate_model(model, tokens, [TRAIN_LEN * m for m in (1, 4, 16)], max_tokens=1024, progress=False)
     assert [r["eval_len"] for r in rows] == [32, 128, 512]
-    assert all(math.isfinite(r["ppl"]) and r["n_tokens"] == 1024 and r["note"] == "" for r in rows)
+    for r in rows:
+        T = r["eval_len"]
+        ppl, count = reference_ppl(model, tokens, [(s, 0, T) for s in range(0, 1024, T)])
+        assert (r["n_tokens"], r["note"]) == (count, "") == (1024, "")
+        assert r["ppl"] == pytest.approx(ppl, rel=1e-5), T
+        assert r["nll"] == pytest.approx(math.log(ppl), rel=1e-5), T
+        assert 0.9 * vocab < r["ppl"] < 1.1 * vocab, (T, r["ppl"])
 
 
 def test_learned_not_applicable_past_its_table(tmp_path, data_root, cache_dir):
