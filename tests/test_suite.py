@@ -1,0 +1,58 @@
+"""The suite's own rules (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from .conftest import NO_SKIPS, REPO
+
+SKIPPING = '''
+import pytest
+
+
+def test_plain():
+    pytest.skip("no widget")
+
+
+@pytest.mark.may_skip(reason="the gadget is optional")
+def test_allowed():
+    pytest.skip("no gadget")
+
+
+@pytest.fixture
+def needs():
+    pytest.skip("the fixture says no")
+
+
+def test_through_a_fixture(needs):
+    pass
+
+
+def test_passes():
+    pass
+'''
+
+
+def test_a_skip_fails_where_skips_are_not_allowed(tmp_path):
+    """With POSENC_NO_SKIPS set (as .ci/run sets it) a skipped test fails and names the reason
+    it gave (a fixture's skip is reported as an error at setup); a test marked ``may_skip`` is still
+    skipped. Without the variable the three are ordinary skips."""
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_skipping.py").write_text(textwrap.dedent(SKIPPING))
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--rootdir", str(tmp_path), str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != NO_SKIPS}
+    plain = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    strict = subprocess.run(cmd, cwd=tmp_path, env={**env, NO_SKIPS: "1"}, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert plain.returncode == 0, plain.stdout[-3000:]
+    assert "1 passed, 3 skipped" in plain.stdout, plain.stdout[-3000:]
+    assert strict.returncode == 1, strict.stdout[-3000:]
+    assert "1 failed, 1 passed, 1 skipped, 1 error" in strict.stdout, strict.stdout[-3000:]
+    assert "FAILED test_skipping.py::test_plain" in strict.stdout
+    assert "ERROR test_skipping.py::test_through_a_fixture" in strict.stdout
+    assert "skipped (no widget), and POSENC_NO_SKIPS is set" in strict.stdout
+    assert "skipped (the fixture says no), and POSENC_NO_SKIPS is set" in strict.stdout
+    assert "SKIPPED [1] test_skipping.py" in strict.stdout and "no gadget" in strict.stdout
