@@ -48,13 +48,14 @@ def distances(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return torch.tensor([[int(j) - int(i) for j in k_pos] for i in q_pos], dtype=torch.long)
 
 
-def sinusoids(p: Tensor, dim: int, base: float = 10000.0) -> Tensor:
-    """(..., dim) with [2c] = sin(p / base^(2c/dim)), [2c+1] = cos(...) (Vaswani et al. 2017, 3.5)."""
+def sinusoids(p: Tensor, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(..., dim) with [2c] = sin(p / base^(2c/dim)), [2c+1] = cos(...) (Vaswani et al. 2017, 3.5),
+    computed in float64 and returned in ``dtype``."""
     p = p.to(torch.float64)[..., None]
     c = torch.arange(dim, dtype=torch.float64) // 2
     angle = p / base ** (2 * c / dim)
     even = (torch.arange(dim) % 2 == 0)
-    return torch.where(even, angle.sin(), angle.cos()).to(torch.float32)
+    return torch.where(even, angle.sin(), angle.cos()).to(dtype)
 
 
 def t5_bucket(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
@@ -117,7 +118,7 @@ def _rotary(sch: RoPE, q, k, q_pos, k_pos):
     zq, zk = complex_pairs(q[..., :d]), complex_pairs(k[..., :d])  # (B, H, T, d/2)
     turned = torch.einsum("bhic,bhjc,ijc->bhij", zq, zk.conj(), torch.exp(1j * (m - n)))
     rest = torch.einsum("bhid,bhjd->bhij", q[..., d:].double(), k[..., d:].double())
-    return ((turned.real + rest) / math.sqrt(q.shape[-1])).float()
+    return ((turned.real + rest) / math.sqrt(q.shape[-1])).to(q.dtype)
 
 
 def _xpos(sch: XPos, q, k, q_pos, k_pos):
@@ -130,14 +131,14 @@ def _xpos(sch: XPos, q, k, q_pos, k_pos):
     delta = (q_pos.double()[:, None] - k_pos.double()[None, :])[..., None]  # (Tq, Tk, 1)
     factor = torch.exp(1j * delta * theta) * zeta ** (delta / sch.scale_base)
     zq, zk = complex_pairs(q), complex_pairs(k)
-    return (torch.einsum("bhic,bhjc,ijc->bhij", zq, zk.conj(), factor).real / math.sqrt(d)).float()
+    return (torch.einsum("bhic,bhjc,ijc->bhij", zq, zk.conj(), factor).real / math.sqrt(d)).to(q.dtype)
 
 
 def _alibi(sch: ALiBi, q, k, q_pos, k_pos):
     """-m_h |i - j| (Press et al. 2022); the same symmetric form in both directions."""
     H = q.shape[1]
-    slopes = torch.tensor([alibi_slope(h, H) for h in range(H)])
-    bias = -slopes[:, None, None] * distances(q_pos, k_pos).abs().float()
+    slopes = torch.tensor([alibi_slope(h, H) for h in range(H)], dtype=q.dtype)
+    bias = -slopes[:, None, None] * distances(q_pos, k_pos).abs().to(q.dtype)
     return content(sch, q, k) + bias[None]
 
 
@@ -152,7 +153,7 @@ def _t5(sch: T5Bias, q, k, q_pos, k_pos):
 def _kerple(sch: Kerple, q, k, q_pos, k_pos):
     """-r1_h log(1 + r2_h |i - j|) (Chi et al. 2022), r1 = softplus(raw_r1), r2 = softplus(raw_r2)."""
     r1, r2 = softplus(sch.raw_r1), softplus(sch.raw_r2)
-    dist = distances(q_pos, k_pos).abs().float()
+    dist = distances(q_pos, k_pos).abs().to(r1.dtype)
     return content(sch, q, k) + (-r1[:, None, None] * torch.log(1 + r2[:, None, None] * dist))[None]
 
 
@@ -160,8 +161,8 @@ def _fire(sch: FIRE, q, k, q_pos, k_pos):
     """f(psi(i - j) / psi(max(L, i))) (Li et al. 2023, eq. 4), psi(x) = log(c x + 1), f an MLP
     1 -> width -> H with ReLU; signed and normalised by max(L, i, j) in both directions."""
     c, L = sch.c.abs(), sch.threshold.abs()
-    i = q_pos.float()[:, None].expand(-1, len(k_pos))
-    j = k_pos.float()[None, :].expand(len(q_pos), -1)
+    i = q_pos.to(c.dtype)[:, None].expand(-1, len(k_pos))
+    j = k_pos.to(c.dtype)[None, :].expand(len(q_pos), -1)
     d = i - j
     norm = torch.maximum(torch.maximum(i, j), L)
     x = torch.sign(d) * torch.log(c * d.abs() + 1) / (torch.log(c * norm + 1) + sch.eps)  # (Tq, Tk)
@@ -187,7 +188,7 @@ def _txl(sch: TransformerXL, q, k, q_pos, k_pos):
     """Dai et al. 2019, eq. 3: ((q_i + u) · k_j + (q_i + v) · W_R R_{i-j}) / sqrt(d), R the
     sinusoid (width d_model) of i - j."""
     B, H, Tq, Dh = q.shape
-    R = sinusoids(-distances(q_pos, k_pos), H * Dh, sch.base)  # (Tq, Tk, D): R_{i-j}
+    R = sinusoids(-distances(q_pos, k_pos), H * Dh, sch.base, sch.w_r.weight.dtype)  # (Tq, Tk, D): R_{i-j}
     WR = (R @ sch.w_r.weight.T).view(Tq, -1, H, Dh)  # (Tq, Tk, H, Dh)
     ac = torch.einsum("bhid,bhjd->bhij", q + sch.u[None, :, None, :], k)
     bd = torch.einsum("bhid,ijhd->bhij", q + sch.v[None, :, None, :], WR)
@@ -196,7 +197,7 @@ def _txl(sch: TransformerXL, q, k, q_pos, k_pos):
 
 def _fixed_bidirectional(sch: FixedBidirectional, q, k, q_pos, k_pos):
     """q_i · (k_j + R_{i-j}) / sqrt(d), R the sinusoid (width d) of the signed distance i - j."""
-    R = sinusoids(-distances(q_pos, k_pos), q.shape[-1], sch.base)  # (Tq, Tk, Dh)
+    R = sinusoids(-distances(q_pos, k_pos), q.shape[-1], sch.base, q.dtype)  # (Tq, Tk, Dh)
     return (torch.einsum("bhid,bhjd->bhij", q, k) + torch.einsum("bhid,ijd->bhij", q, R)) / math.sqrt(q.shape[-1])
 
 
@@ -257,7 +258,7 @@ def reference_embedding(scheme, x: Tensor, pos: Tensor) -> Tensor | None:
     if kind not in LOGITS:
         return None
     if kind in (Sinusoidal, CAPE):  # CAPE is sinusoidal in evaluation (Likhomanenko et al. 2021)
-        return sinusoids(pos, x.shape[-1], scheme.base).expand_as(x)
+        return sinusoids(pos, x.shape[-1], scheme.base, x.dtype).expand_as(x)
     if kind is Learned:
         return scheme.table[pos].expand_as(x)
     return torch.zeros_like(x)

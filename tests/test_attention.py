@@ -132,3 +132,40 @@ def test_model_equals_dense_reference(name, causal, extra, T, monkeypatch):
     for (n, _), a, b in zip(named, grads(y, upstream, [p for _, p in named]),
                             grads(ref, upstream, [p for _, p in named])):
         torch.testing.assert_close(a, b, atol=5e-5, rtol=5e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+
+
+@pytest.mark.parametrize("name,causal,extra", [c for c in CASES if not c.values[2]])
+def test_model_in_float64_equals_dense_reference(name, causal, extra):
+    """The whole model in float64 (``model.double()``: every parameter, buffer and activation),
+    as numerical checks run it: each scheme builds its tables, masks and biases in the dtype
+    of the activations or of its parameters, never a fixed float32 (a float32 mask or table
+    meeting float64 activations is refused by the kernels), and the logits equal the float64
+    dense formula (to 1e-6: tables built in float32 at construction, such as RoPE's
+    frequencies, keep their float32 rounding)."""
+    torch.manual_seed(2)
+    T = 12
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
+    model = Transformer(cfg, factory(name, **extra)).eval().double()
+    with torch.no_grad():
+        for p in model.positional_parameters():
+            if p.dim() > 0:
+                p.add_(torch.randn_like(p) * 0.3)
+    idx, pos = torch.randint(0, V, (2, T)), torch.arange(T)
+    for grad in (False, True):  # the masked and the training routes
+        with torch.set_grad_enabled(grad):
+            y, ref = model(idx, pos), dense_model(model, idx, pos)
+        assert y.dtype == torch.float64
+        assert ref.dtype == torch.float64
+        torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_causal_mask_values_and_dtype():
+    """0 where the key is at or before the query, -inf after, in the dtype asked for."""
+    from posenc.attention import causal_mask
+
+    q_pos, k_pos = torch.tensor([3, 5]), torch.tensor([2, 3, 4, 6])
+    for dtype in (torch.float64, torch.bfloat16, torch.float32):
+        m = causal_mask(q_pos, k_pos, dtype)
+        assert m.dtype == dtype
+        inf = float("-inf")
+        assert m.tolist() == [[0.0, 0.0, inf, inf], [0.0, 0.0, 0.0, inf]]
