@@ -553,6 +553,35 @@ def test_checkpoints_hold_parameters_not_derived_tables(name):
         assert set(sch.state_dict()) == {n for n, _ in sch.named_parameters()}, name
 
 
+FAMILIES_OF = {  # the panels of the extrapolation figure
+    "none": "none", "sinusoidal": "absolute", "learned": "absolute", "cape": "absolute", "rope": "rotary",
+    "xpos": "rotary", "alibi": "position bias", "t5_bias": "position bias", "kerple": "position bias",
+    "fire": "position bias", "tupe": "position bias", "shaw": "content-relative", "skew": "content-relative",
+    "transformer_xl": "content-relative", "fixed_bidirectional": "content-relative",
+}  # fmt: skip
+
+
+def test_family_of_every_shipped_scheme():
+    """``family()`` reads a scheme's kind from what it defines; for the shipped schemes it gives
+    the kinds the figures group them by."""
+    assert {n: CONFIGS[n].cls.family() for n in SHIPPED} == {n: FAMILIES_OF[n] for n in SHIPPED}
+    assert _Hybrid.family() == "position bias"  # the first that applies wins
+
+
+def test_printed_settings():
+    """``print(model)`` shows each scheme's width, heads, mode and the settings that change it."""
+    base = "d_model=32, n_heads=4, causal=True"
+    assert build("alibi").extra_repr() == base
+    assert build("cape").extra_repr() == base + ", max_global_shift=5.0, max_local_shift=0.5, max_global_scaling=1.03"
+    assert build("shaw").extra_repr() == base + ", max_relative_position=16"
+    assert build("skew").extra_repr() == base + f", max_relative_position={L - 1}"
+    assert build("tupe").extra_repr() == base + ", untie_cls=False, relative_bias=True"
+    assert build("xpos").extra_repr() == base + ", gamma=0.4, scale_base=512.0"
+    assert build("rope").extra_repr() == base
+    assert build("rope", scaling="yarn", original_len=16).extra_repr() == base + ", scaling=yarn, original_len=16"
+    assert build("rope", causal=False).extra_repr() == "d_model=32, n_heads=4, causal=False"
+
+
 def complex_pairs(x):
     return torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
 

@@ -200,11 +200,6 @@ class PositionalScheme(nn.Module):
         return out
 
 
-def check_positions(pos: Tensor) -> None:
-    if pos.dim() != 1 or pos.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
-
-
 def is_contiguous(pos: Tensor) -> bool:
     """Whether positions are consecutive integers (pos[i] = pos[0] + i)."""
     return pos.numel() < 2 or bool((pos[1:] - pos[:-1] == 1).all())
