@@ -18,11 +18,14 @@ them, and its docstring names the test that checks the bias itself.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import posenc.attention as attention_module
 from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention
+from posenc.encodings import ALiBi
 from posenc.model import ModelConfig, Transformer
 
 from .references import dense_attention, dense_model
@@ -169,3 +172,46 @@ def test_causal_mask_values_and_dtype():
         assert m.dtype == dtype
         inf = float("-inf")
         assert m.tolist() == [[0.0, 0.0, inf, inf], [0.0, 0.0, 0.0, inf]]
+
+
+class _ScaledALiBi(ALiBi):
+    """ALiBi times a learned per-head factor, declared as a bias that depends on q and k (it
+    does not): its bias has batch size 1, which the recomputing backward must broadcast."""
+
+    position_only_bias = False
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.factor = torch.nn.Parameter(torch.linspace(0.5, 1.5, self.n_heads))
+
+    def bias(self, q, k, q_pos, k_pos):
+        return super().bias(q, k, q_pos, k_pos) * self.factor[None, :, None, None]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_content_bias_of_batch_one_trains_right(causal, monkeypatch):
+    """A scheme declared content-dependent whose bias has batch size 1 takes the recomputing
+    backward; its gradients (input, projections, the factor) equal autograd through the
+    formula -factor_h m_h |i - j| written here, over several row blocks."""
+    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
+    torch.manual_seed(3)
+    sch = _ScaledALiBi(d_model=D, n_heads=H, max_len=64, causal=causal)
+    attn = Attention(D, H, sch, causal).train()
+    h = torch.randn(3, 24, D, requires_grad=True)
+    pos = torch.arange(24)
+    assert attn.route(h, pos) == RECOMPUTED
+    y = attn(h, pos)
+    from .references import alibi_slope, dense_qkv
+
+    q, k, v = dense_qkv(attn, h)
+    slopes = torch.tensor([alibi_slope(i, H) for i in range(H)])
+    dist = (pos[None, :] - pos[:, None]).abs().float()
+    logits = q @ k.mT / math.sqrt(D // H) - (sch.factor * slopes)[:, None, None] * dist
+    if causal:
+        logits = logits.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    ref = (logits.softmax(-1) @ v).transpose(1, 2).reshape(3, 24, D) @ attn.out.weight.T + attn.out.bias
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    params = [h, sch.factor, attn.qkv.weight]
+    upstream = torch.randn_like(y)
+    for a, b in zip(grads(y, upstream, params), grads(ref, upstream, params)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)

@@ -454,6 +454,32 @@ def test_class_defaults_are_the_yaml_settings(name):
     defaults = {k: list(p.default) if isinstance(p.default, tuple) else p.default
                 for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k in settings}  # fmt: skip
     assert defaults == settings, name
+    # and the class built with its defaults behaves as the YAML's scheme: same parameters,
+    # tables, printed settings and outputs (the YAML passes every setting explicitly)
+    if name == "tupe":  # untie_cls follows the task in the YAML (${task.cls}); the class defaults to False
+        return
+    for causal in modes_of(name):
+        models = []
+        for make in (CONFIGS[name].cls, factory(name)):
+            torch.manual_seed(11)
+            models.append(make(d_model=D, n_heads=H, max_len=L, causal=causal).eval())
+        plain, yaml_built = models
+        assert plain.extra_repr() == yaml_built.extra_repr(), name
+        a, b = dict(plain.named_parameters()), dict(yaml_built.named_parameters())
+        a.update(plain.named_buffers())
+        b.update(yaml_built.named_buffers())
+        assert a.keys() == b.keys(), name
+        for key in a:
+            assert torch.equal(a[key], b[key]), (name, key)
+        torch.manual_seed(12)
+        q, k, x, pos = torch.randn(1, H, 7, D // H), torch.randn(1, H, 7, D // H), torch.randn(1, 7, D), torch.arange(7)
+        with torch.no_grad():
+            for hook, args in (("rotate", (q, k, pos, pos)), ("embed", (x, pos)), ("bias", (q, k, pos, pos))):
+                out_a, out_b = getattr(plain, hook)(*args), getattr(yaml_built, hook)(*args)
+                if isinstance(out_a, tuple):
+                    assert all(torch.equal(u, w) for u, w in zip(out_a, out_b)), (name, hook)
+                else:
+                    assert (out_a is None and out_b is None) or torch.equal(out_a, out_b), (name, hook)
 
 
 def test_kerple_initial_values_fill_their_ranges():
@@ -580,6 +606,40 @@ def test_printed_settings():
     assert build("rope").extra_repr() == base
     assert build("rope", scaling="yarn", original_len=16).extra_repr() == base + ", scaling=yarn, original_len=16"
     assert build("rope", causal=False).extra_repr() == "d_model=32, n_heads=4, causal=False"
+
+
+# (scheme, settings, accepted): each validated setting just inside and just outside its range
+EDGES = [
+    ("rope", {"fraction": 1.0}, True), ("rope", {"fraction": 0.0}, False), ("rope", {"fraction": 1.01}, False),
+    ("rope", {"fraction": 0.25}, True), ("rope", {"fraction": 0.1}, False),  # head width 8: 2 features; 0.8 -> 1
+    ("rope", {"fraction": 0.05}, False),  # 0.4 rounds to no feature
+    ("rope", {"scaling": "pi", "original_len": 1}, True), ("rope", {"scaling": "pi", "original_len": 0}, False),
+    ("rope", {"scaling": "pi"}, False), ("rope", {"scaling": "linear", "original_len": 8}, False),
+    ("rope", {"scaling": "ntk", "original_len": 8, "fraction": 0.5}, True),
+    ("rope", {"scaling": "ntk", "original_len": 8, "fraction": 0.25}, False),  # rotary dim 2
+    ("rope", {"scaling": "yarn", "original_len": 8, "yarn_alpha": 2.0, "yarn_beta": 2.0}, False),
+    ("rope", {"scaling": "yarn", "original_len": 8, "yarn_alpha": 2.0, "yarn_beta": 2.5}, True),
+    ("rope", {"scaling": "yarn", "original_len": 8, "yarn_alpha": 0.0, "yarn_beta": 2.0}, False),
+    ("xpos", {"scale_base": 0.0}, False), ("xpos", {"scale_base": 0.5}, True),
+    ("cape", {"max_global_shift": 0.0}, True), ("cape", {"max_global_shift": -0.1}, False),
+    ("cape", {"max_local_shift": 0.0}, True), ("cape", {"max_local_shift": 0.5}, True),
+    ("cape", {"max_local_shift": 0.51}, False), ("cape", {"max_local_shift": -0.1}, False),
+    ("cape", {"max_global_scaling": 1.0}, True), ("cape", {"max_global_scaling": 1.5}, True),
+    ("cape", {"max_global_scaling": 0.99}, False),
+    ("shaw", {"max_relative_position": 0}, True), ("shaw", {"max_relative_position": -1}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,settings,accepted", EDGES)
+def test_settings_at_the_edges_of_their_range(name, settings, accepted):
+    """Each validated setting is accepted just inside its documented range and refused with a
+    ValueError just outside (RoPE's fraction also when the rotated width, rounded, is odd or 0)."""
+    make = lambda: build(name, **settings)  # noqa: E731
+    if accepted:
+        make()
+    else:
+        with pytest.raises(ValueError):
+            make()
 
 
 def complex_pairs(x):
