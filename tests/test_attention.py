@@ -160,6 +160,11 @@ def test_model_in_float64_equals_dense_reference(name, causal, extra):
         assert y.dtype == torch.float64
         assert ref.dtype == torch.float64
         torch.testing.assert_close(y, ref, atol=1e-6, rtol=1e-6)
+    h = torch.randn(2, T, D, dtype=torch.float64)
+    for layer in (model.blocks[0].attn.eval(), model.blocks[1].attn.train()):  # a layer called alone
+        y = layer(h, pos)
+        assert y.dtype == torch.float64
+        torch.testing.assert_close(y, dense_attention(layer, h, pos), atol=1e-6, rtol=1e-6)
 
 
 def test_causal_mask_values_and_dtype():
