@@ -34,8 +34,8 @@ from .schemes import discover, factory
 CONFIGS, _ = discover()
 D, H, V = 32, 4, 64  # width, heads, vocabulary
 #: settings of one scheme that reach more of its code than its defaults
-EXTRA = {"fire": [{"init_threshold": 4.0}], "tupe": [{"untie_cls": True}],
-         "rope": [{"fraction": 0.5}, {"fraction": 0.25}]}
+EXTRA = {"fire": [{"init_threshold": 4.0}], "tupe": [{"untie_cls": True}, {"max_distance": 6, "num_buckets": 8}],
+         "rope": [{"fraction": 0.5}, {"fraction": 0.25}], "t5_bias": [{"max_distance": 6, "num_buckets": 8}]}
 
 
 def _cases():

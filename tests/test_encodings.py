@@ -262,6 +262,32 @@ def test_alibi_slopes():
     # 12 heads: the 8 slopes of 8 heads, then every other slope of 16 heads (2^-0.5, 2^-1.5, ...)
     ref12 = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(i + 0.5) for i in range(4)]
     torch.testing.assert_close(alibi_slopes(12), torch.tensor(ref12))
+    assert alibi_slopes(1).tolist() == [2.0**-8]  # one head: the rule with n = 1
+    with pytest.raises(ValueError):
+        alibi_slopes(0)
+
+
+def test_t5_bucket_defaults_are_t5s():
+    """``t5_relative_bucket`` defaults to T5's own settings: bidirectional, 32 buckets, max
+    distance 128 (Raffel et al. 2020's reference code)."""
+    rel = torch.arange(-300, 301)
+    torch.testing.assert_close(t5_relative_bucket(rel), t5_relative_bucket(rel, True, 32, 128))
+    assert [t5_bucket_reference(int(r), True, 32, 128) for r in rel] == t5_relative_bucket(rel).tolist()
+
+
+def test_is_contiguous():
+    """Consecutive integers only (one or no position counts as consecutive)."""
+    from posenc.encodings.base import is_contiguous
+
+    assert is_contiguous(torch.arange(5) + 3) and is_contiguous(torch.tensor([7])) and is_contiguous(torch.arange(0))
+    assert not is_contiguous(torch.tensor([0, 5])) and not is_contiguous(torch.tensor([1, 0]))
+    assert not is_contiguous(torch.tensor([0, 1, 3]))
+
+
+def test_base_defaults():
+    """The documented defaults of every scheme: max_len 1024, causal attention."""
+    sch = PositionalScheme(d_model=8, n_heads=2)
+    assert (sch.max_len, sch.causal, sch.head_dim) == (1024, True, 4)
 
 
 # ------------------------------------------------------ per-scheme references

@@ -1,0 +1,223 @@
+"""The mutation score of the code the suite exists to keep right (``mutmut``).
+
+    python -m tests.mutation --fresh        # judge every mutant anew, then report (the README's score)
+    python -m tests.mutation                # judge the mutants not judged yet (new or changed code)
+    python -m tests.mutation --survivors    # judge the surviving mutants again (after adding tests)
+    python -m tests.mutation --report-only  # the report of the last run
+
+Scope (``SCOPE``): the positional schemes (``src/posenc/encodings/``), attention
+(``attention.py``), the evaluation at any length (``evaluate.py``) and the masked-LM
+corruption of ``data.py`` (``MaskedWindows``). mutmut's settings are in
+``pyproject.toml`` (``[tool.mutmut]``: the files it mutates, the tests it runs, the
+lines it leaves alone). It runs from a copy under ``mutants/`` (git-ignored),
+``POSENC_DATA_DIR`` must name the corpora as for the tests, and a run of the whole
+scope takes about TIME on 2 cores. Without ``--fresh`` it keeps mutmut's verdicts for
+functions whose code did not change (mutmut's own cache); a verdict can then be older
+than the tests, which is why the README's score comes from ``--fresh``.
+
+A mutant that survives is either killed by a test or listed in ``EQUIVALENT``
+(``tests/mutation_equivalent.txt``) with the changed line and why no test can tell
+it from the original (it computes the same values). A listed mutant whose changed
+line no longer matches is reported as stale: its verdict must be looked at again.
+
+Score = killed / (mutants in scope - equivalent ones); the report also counts
+survivors, timeouts and mutants no test reaches, and writes ``docs/mutation.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCOPE = ("posenc.encodings.*", "posenc.attention.*", "posenc.evaluate.*", "posenc.data.xǁMaskedWindowsǁ*")
+EQUIVALENT = REPO / "tests" / "mutation_equivalent.txt"
+REPORT = REPO / "docs" / "mutation.md"
+KILLED = {"killed", "timeout", "caught by type check"}
+
+
+@dataclass
+class Equivalent:
+    name: str
+    line: str  # the changed line as the mutant has it
+    why: str
+
+
+def mutmut(*args: str, check: bool = True) -> str:
+    exe = Path(sys.executable).with_name("mutmut")
+    r = subprocess.run([str(exe), *args], cwd=REPO, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise SystemExit(f"mutmut {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def verdicts() -> dict[str, int | None]:
+    """{mutant: exit code or None (not judged)} of the generated mutants in scope, read from
+    mutmut's files under mutants/."""
+    import json
+
+    out: dict[str, int | None] = {}
+    for meta in (REPO / "mutants").rglob("*.meta"):
+        for name, code in json.loads(meta.read_text()).get("exit_code_by_key", {}).items():
+            if any(fnmatch.fnmatch(name, p) for p in SCOPE):
+                out[name] = code
+    return out
+
+
+def run(names: list[str] | tuple[str, ...], max_children: int) -> None:
+    """``mutmut run`` of the named mutants (names or patterns; mutmut judges each again)."""
+    exe = str(Path(sys.executable).with_name("mutmut"))
+    r = subprocess.run([exe, "run", "--max-children", str(max_children), *names], cwd=REPO,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    if r.returncode not in (0, 1):  # 1: some mutants survived
+        raise SystemExit(f"mutmut run failed with exit {r.returncode}")
+
+
+def results() -> dict[str, str]:
+    """{mutant: status} of every mutant mutmut knows, in scope."""
+    out = {}
+    for line in mutmut("results", "--all", "true").splitlines():
+        name, _, status = line.strip().rpartition(": ")
+        if name and any(fnmatch.fnmatch(name, p) for p in SCOPE):
+            out[name] = status.strip()
+    return out
+
+
+def source_of(name: str) -> Path:
+    """The file a mutant belongs to (``posenc.encodings.bias.x...`` -> src/posenc/encodings/bias.py)."""
+    module = name.split(".x", 1)[0] if ".x" in name else name.rsplit(".", 1)[0]
+    return Path("src", *module.split(".")).with_suffix(".py")
+
+
+def diff_of(name: str) -> tuple[list[str], list[str]]:
+    """(removed lines, added lines) of the mutant, stripped, from mutmut's diff."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        diff = get_diff_for_mutant(name, path=source_of(name))
+    finally:
+        os.chdir(cwd)
+    lines = diff.splitlines()
+    removed = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    return removed, added
+
+
+def changed_line(name: str) -> str:
+    """The first line the mutant adds."""
+    added = diff_of(name)[1]
+    return added[0] if added else ""
+
+
+_DEVICE = re.compile(r",?device=[\w.]+,?")
+
+
+def device_only(name: str) -> bool:
+    """Whether the mutant changes nothing but where a tensor is made: a ``device=`` argument
+    set to None or left out, or the ``dev`` variable that holds it set to None. On CPU, where
+    the suite runs, every such tensor lands on the same device, so no test can tell."""
+    removed, added = diff_of(name)
+    if len(removed) != 1 or len(added) != 1:
+        return False
+    if re.fullmatch(r"dev = [\w.]+\.device", removed[0]) and added[0] == "dev = None":
+        return True
+    strip = lambda ln: _DEVICE.sub(",", ln.replace(" ", "")).replace(",)", ")").replace("(,", "(")  # noqa: E731
+    return "device" in removed[0] and strip(removed[0]) == strip(added[0])
+
+
+def load_equivalent(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
+    """Blocks of three lines: the mutant's name, ``+ <changed line>``, ``why: <reason>``."""
+    out, lines = {}, [ln.rstrip("\n") for ln in path.read_text().splitlines()] if path.exists() else []
+    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    for i in range(0, len(lines), 3):
+        name, plus, why = lines[i : i + 3]
+        if not plus.strip().startswith("+ ") or not why.strip().startswith("why: "):
+            raise SystemExit(f"{path}: entry {name!r} needs a '+ <line>' and a 'why: <reason>' line")
+        out[name.strip()] = Equivalent(name.strip(), plus.strip()[2:].strip(), why.strip()[5:].strip())
+    return out
+
+
+def report(status: dict[str, str]) -> tuple[str, dict]:
+    equivalent = load_equivalent()
+    survived = sorted(n for n, s in status.items() if s not in KILLED)
+    equiv_ok, by_device, stale, open_ = [], [], [], []
+    for n in survived:
+        e = equivalent.get(n)
+        if e is not None:
+            (equiv_ok if changed_line(n) == e.line else stale).append(n)
+        elif device_only(n):
+            by_device.append(n)
+        else:
+            open_.append(n)
+    killed = sum(1 for s in status.values() if s in KILLED)
+    denominator = len(status) - len(equiv_ok) - len(by_device)
+    score = killed / denominator if denominator else float("nan")
+    counts = {"mutants": len(status), "killed": killed, "equivalent": len(equiv_ok) + len(by_device),
+              "survived": len(open_),
+              "stale": len(stale), "score": score}
+    by_status: dict[str, int] = {}
+    for s in status.values():
+        by_status[s] = by_status.get(s, 0) + 1
+    lines = [
+        "# Mutation score", "",
+        "`python -m tests.mutation` (mutmut; scope and settings in `tests/mutation.py` and `pyproject.toml`).", "",
+        f"- mutants in scope: {len(status)} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items()))})",
+        f"- killed (a test fails, or it times out): {killed}",
+        f"- equivalent, listed in `tests/mutation_equivalent.txt` with the reason (its line checked): {len(equiv_ok)}",
+        f"- equivalent on CPU, found by rule (only a `device=` changes; `device_only`): {len(by_device)}",
+        f"- survived, not listed: {len(open_)}; listed but the line changed (stale): {len(stale)}",
+        f"- **score: {killed} / {denominator} = {100 * score:.1f}%** of the non-equivalent mutants", "",
+    ]
+    if open_ or stale:
+        lines += ["## Survivors to look at", ""] + [f"- `{n}`: `{changed_line(n)}`" for n in open_ + stale] + [""]
+    lines += ["## Equivalent mutants", "", "| mutant | changed line | why it computes the same |", "| --- | --- | --- |"]
+    lines += [f"| `{n}` | `{equivalent[n].line}` | {equivalent[n].why} |" for n in equiv_ok]
+    lines += [f"| `{n}` | `{changed_line(n)}` | only the device changes (CPU) |" for n in by_device]
+    return "\n".join(lines) + "\n", counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--report-only", action="store_true", help="no run: the report of the last one")
+    p.add_argument("--fresh", action="store_true", help="remove mutants/ first (all verdicts are redone)")
+    p.add_argument("--survivors", action="store_true", help="judge the surviving mutants again")
+    p.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args(argv)
+    if not os.environ.get("POSENC_DATA_DIR"):
+        raise SystemExit("set POSENC_DATA_DIR to the corpora, as for the tests")
+    if a.fresh and (REPO / "mutants").exists():
+        shutil.rmtree(REPO / "mutants")
+    if a.report_only:
+        pass
+    elif not (REPO / "mutants").exists():
+        run(SCOPE, a.max_children)  # generates the mutants and judges every one in scope
+    else:
+        # mutmut re-judges every mutant it is given by name, so name only the ones wanted:
+        # first a run of one small function, which regenerates the mutants of changed code
+        run(["posenc.encodings.base.xǁPositionalSchemeǁlogit_scale__mutmut_*"], a.max_children)
+        listed = load_equivalent()
+        todo = [n for n, code in verdicts().items()
+                if code in (None, 33)  # not judged, or no test ran it
+                or (a.survivors and code == 0 and n not in listed and not device_only(n))]  # fmt: skip
+        if todo:
+            run(todo, a.max_children)
+    text, counts = report(results())
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(text)
+    print(re.sub(r"\n## Equivalent mutants.*", "", text, flags=re.S))
+    print(f"written: {REPORT.relative_to(REPO)}")
+    return 0 if counts["survived"] == 0 and counts["stale"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
