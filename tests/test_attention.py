@@ -35,7 +35,9 @@ CONFIGS, _ = discover()
 D, H, V = 32, 4, 64  # width, heads, vocabulary
 #: settings of one scheme that reach more of its code than its defaults
 EXTRA = {"fire": [{"init_threshold": 4.0}], "tupe": [{"untie_cls": True}, {"max_distance": 6, "num_buckets": 8}],
-         "rope": [{"fraction": 0.5}, {"fraction": 0.25}], "t5_bias": [{"max_distance": 6, "num_buckets": 8}]}
+         "rope": [{"fraction": 0.5}, {"fraction": 0.25}], "t5_bias": [{"max_distance": 6, "num_buckets": 8}],
+         "sinusoidal": [{"base": 500.0}], "fixed_bidirectional": [{"base": 500.0}],
+         "transformer_xl": [{"base": 500.0}], "xpos": [{"base": 500.0, "gamma": 0.8, "scale_base": 16.0}]}
 
 
 def _cases():

@@ -668,6 +668,36 @@ def test_settings_at_the_edges_of_their_range(name, settings, accepted):
             make()
 
 
+def test_sinusoidal_table_and_formula_paths_agree():
+    """Positions inside the precomputed table read it; others (past max_len, negative) use the
+    formula; both give the same values, in the activations' dtype. A table of 8 rows with a
+    width of 32: position 8 is the first past it, 20 lies below the width."""
+    sch = Sinusoidal(d_model=32, n_heads=4, max_len=8)
+    x = torch.zeros(1, 1, 32)
+    for pos in (torch.arange(8), torch.arange(9), torch.arange(21), torch.arange(-3, 5)):
+        e = sch.embed(x, pos)
+        assert e.dtype == torch.float32
+        torch.testing.assert_close(e, sinusoid(pos, 32, 10000.0).float(), atol=1e-6, rtol=1e-6)
+    assert sch.embed(x.double(), torch.arange(20, 25)).dtype == torch.float64
+
+
+def test_cape_training_path_without_augmentation_is_sinusoidal():
+    """With every augmentation off, CAPE in training mode is the sinusoid of the integer
+    positions, with its own base."""
+    off = dict(max_global_shift=0.0, max_local_shift=0.0, max_global_scaling=1.0, base=500.0)
+    cape = build("cape", **off).train()
+    x, pos = torch.zeros(2, 6, D), torch.arange(6) + 3
+    got = cape.embed(x, pos)
+    assert got.shape == (2, 6, D) and got.dtype == torch.float32
+    torch.testing.assert_close(got, sinusoid(pos, D, 500.0).float().expand(2, -1, -1))
+
+
+def test_shaw_tables_hold_one_vector_per_clipped_distance():
+    """Shaw et al.: 2k + 1 relative keys and values, for distances -k .. k."""
+    sch = build("shaw", max_relative_position=3)
+    assert tuple(sch.rel_key.shape) == tuple(sch.rel_value.shape) == (7, D // H)
+
+
 def complex_pairs(x):
     return torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
 

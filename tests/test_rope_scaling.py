@@ -45,7 +45,7 @@ def build(causal: bool = True, **overrides) -> RoPE:
     return factory(**overrides)(d_model=D, n_heads=H, max_len=4 * L, causal=causal)
 
 
-def hf_reference(rope_type: str, rotary_dim: int, fraction: float, T: int, alpha=1.0, beta=32.0):
+def hf_reference(rope_type: str, rotary_dim: int, fraction: float, T: int, alpha=1.0, beta=32.0, L=L):
     """(inv_freq, attention factor) of transformers' ROPE_INIT_FUNCTIONS at length T."""
     s = max(1.0, T / L)
     params = {"rope_type": rope_type, "rope_theta": 10000.0, "partial_rotary_factor": fraction}
@@ -90,11 +90,17 @@ def test_frequencies_and_factor_match_transformers(rule, rotary_dim, fraction, T
         torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("alpha,beta", [(1.0, 32.0), (2.0, 8.0), (0.5, 64.0)])
-def test_yarn_ramp_settings_match_transformers(alpha, beta):
-    sch = build(scaling="yarn", original_len=L, yarn_alpha=alpha, yarn_beta=beta)
-    inv_freq, _ = sch.scaled(torch.arange(300), torch.arange(300))
-    ref, _ = hf_reference("yarn", 32, 1.0, 300, alpha, beta)
+@pytest.mark.parametrize("alpha,beta,original_len", [
+    (1.0, 32.0, L), (2.0, 8.0, L), (0.5, 64.0, L),
+    (0.25, 1.0, L),  # the ramp starts above pair 0 and ends below the last pair
+    (1.0, 2.0, 10**9),  # both ends clipped to the last pair: a zero-width ramp, widened by 0.001
+])  # fmt: skip
+def test_yarn_ramp_settings_match_transformers(alpha, beta, original_len):
+    sch = build(scaling="yarn", original_len=original_len, yarn_alpha=alpha, yarn_beta=beta)
+    T = 3 * original_len  # s = 3: the ramp blends interpolation and extrapolation
+    ends = torch.tensor([0, T - 1])
+    inv_freq, _ = sch.scaled(ends, ends)
+    ref, _ = hf_reference("yarn", 32, 1.0, T, alpha, beta, L=original_len)
     torch.testing.assert_close(inv_freq, ref, rtol=2e-6, atol=0)
 
 
