@@ -698,6 +698,35 @@ def test_shaw_tables_hold_one_vector_per_clipped_distance():
     assert tuple(sch.rel_key.shape) == tuple(sch.rel_value.shape) == (7, D // H)
 
 
+def test_tupe_parts_and_defaults():
+    """TUPE (Ke et al. 2020) by default: no [CLS] untie, a T5-style relative bias of 32 buckets
+    up to distance 128 that starts at zero, a position table of std 0.02; with
+    ``untie_cls`` two vectors theta (the [CLS] row and column); without the relative bias,
+    no table for it. Positions 0 .. max_len - 1 are accepted, max_len is not."""
+    from posenc.encodings import TUPE
+
+    torch.manual_seed(13)
+    sch = TUPE(d_model=64, n_heads=4, max_len=512)
+    assert sch.theta is None and sch.rel is not None and sch.rel.num_embeddings == 32
+    assert (sch.num_buckets, sch.max_distance) == (32, 128) and torch.equal(sch.rel.weight, torch.zeros(32, 4))
+    assert 0.018 < float(sch.table.std()) < 0.022
+    assert sch.u_q.bias is None and sch.u_k.bias is None
+    assert tuple(build("tupe", untie_cls=True).theta.shape) == (2, H)
+    assert build("tupe", relative_bias=False).rel is None
+    small = build("tupe")
+    small.bias_parts(torch.arange(L), torch.arange(L))
+    with pytest.raises(ValueError, match="cannot represent"):
+        small.bias_parts(torch.arange(L + 1), torch.arange(L + 1))
+
+
+def test_learned_table_scale():
+    """The learned table starts as N(0, init_std^2) entries."""
+    torch.manual_seed(14)
+    for std in (1.0, 0.1):
+        table = build("learned", init_std=std).table.detach()
+        assert abs(float(table.std()) - std) < 0.05 * std, std
+
+
 def complex_pairs(x):
     return torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
 
