@@ -10,10 +10,11 @@ Scope (``SCOPE``): the positional schemes (``src/posenc/encodings/``), attention
 corruption of ``data.py`` (``MaskedWindows``). mutmut's settings are in
 ``pyproject.toml`` (``[tool.mutmut]``: the files it mutates, the tests it runs, the
 lines it leaves alone). It runs from a copy under ``mutants/`` (git-ignored),
-``POSENC_DATA_DIR`` must name the corpora as for the tests, and a run of the whole
-scope takes about TIME on 2 cores. Without ``--fresh`` it keeps mutmut's verdicts for
-functions whose code did not change (mutmut's own cache); a verdict can then be older
-than the tests, which is why the README's score comes from ``--fresh``.
+``POSENC_DATA_DIR`` must name the corpora as for the tests, and judging the whole
+scope (about 3,000 mutants) takes about an hour on 2 cores. Without ``--fresh`` it keeps
+mutmut's verdicts for functions whose code did not change (mutmut's own cache), so a
+"killed" can be older than the tests; ``--survivors`` re-judges every survivor that is
+not listed as equivalent with the tests as they are.
 
 A mutant that survives is either killed by a test or listed in ``EQUIVALENT``
 (``tests/mutation_equivalent.txt``) with the changed line and why no test can tell
@@ -178,10 +179,12 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
         f"- **score: {killed} / {denominator} = {100 * score:.1f}%** of the non-equivalent mutants", "",
     ]
     if open_ or stale:
-        lines += ["## Survivors to look at", ""] + [f"- `{n}`: `{changed_line(n)}`" for n in open_ + stale] + [""]
+        lines += ["## Survivors to look at", ""]
+        lines += [f"- `{n}`: `{changed_line(n)}`" for n in open_ + stale] + [""]
     lines += ["## Equivalent mutants", "", "| mutant | changed line | why it computes the same |", "| --- | --- | --- |"]
     lines += [f"| `{n}` | `{equivalent[n].line}` | {equivalent[n].why} |" for n in equiv_ok]
-    lines += [f"| `{n}` | `{changed_line(n)}` | only the device changes (CPU) |" for n in by_device]
+    lines += [f"| `{n}` | `{changed_line(n)}` | only the device changes (CPU) |"  # noqa: E501
+              for n in by_device]
     return "\n".join(lines) + "\n", counts
 
 

@@ -500,6 +500,9 @@ def test_class_defaults_are_the_yaml_settings(name):
         torch.manual_seed(12)
         q, k, x, pos = torch.randn(1, H, 7, D // H), torch.randn(1, H, 7, D // H), torch.randn(1, 7, D), torch.arange(7)
         with torch.no_grad():
+            far = torch.arange(-300, 301)  # distances past T5's exact buckets
+            rel_a, rel_b = plain.relative_bias(far), yaml_built.relative_bias(far)
+            assert (rel_a is None and rel_b is None) or torch.equal(rel_a, rel_b), name
             for hook, args in (("rotate", (q, k, pos, pos)), ("embed", (x, pos)), ("bias", (q, k, pos, pos))):
                 out_a, out_b = getattr(plain, hook)(*args), getattr(yaml_built, hook)(*args)
                 if isinstance(out_a, tuple):
@@ -679,6 +682,8 @@ def test_sinusoidal_table_and_formula_paths_agree():
         assert e.dtype == torch.float32
         torch.testing.assert_close(e, sinusoid(pos, 32, 10000.0).float(), atol=1e-6, rtol=1e-6)
     assert sch.embed(x.double(), torch.arange(20, 25)).dtype == torch.float64
+    other = Sinusoidal(d_model=32, n_heads=4, max_len=8, base=500.0)
+    torch.testing.assert_close(other.embed(x, torch.arange(12)), sinusoid(torch.arange(12), 32, 500.0).float())
 
 
 def test_cape_training_path_without_augmentation_is_sinusoidal():
@@ -1081,13 +1086,13 @@ def test_terms_sum_to_logits(name, causal):
     model = tiny_model(name, causal)
     perturb(model.positional_parameters())
     model.eval()
-    idx = torch.randint(0, 256, (2, 11))
+    idx = torch.randint(0, 256, (3, 11))
     pos = torch.arange(11)
     terms = model.first_layer_terms(idx, pos)
     least, most = expected_terms(type(model.scheme))
     assert least <= set(terms) <= most, f"{name}: terms {sorted(terms)}, expected {sorted(least)} to {sorted(most)}"
     for tname, t in terms.items():
-        assert t.shape == (2, H, 11, 11)
+        assert t.shape == (3, H, 11, 11)
         assert float(t.abs().max()) > 1e-6, f"{name}: the {tname} term is identically zero"
     with torch.no_grad():
         ref = dense_first_layer_logits(model, idx, pos)  # the paper's formula (tests/references.py)

@@ -94,6 +94,8 @@ def test_frequencies_and_factor_match_transformers(rule, rotary_dim, fraction, T
     (1.0, 32.0, L), (2.0, 8.0, L), (0.5, 64.0, L),
     (0.25, 1.0, L),  # the ramp starts above pair 0 and ends below the last pair
     (1.0, 2.0, 10**9),  # both ends clipped to the last pair: a zero-width ramp, widened by 0.001
+    (1.0, 2.0, 4),  # both ends clipped to pair 0: a zero-width ramp where it matters
+    (1e-8, 32.0, L),  # the end past the last pair, clipped to d - 1
 ])  # fmt: skip
 def test_yarn_ramp_settings_match_transformers(alpha, beta, original_len):
     sch = build(scaling="yarn", original_len=original_len, yarn_alpha=alpha, yarn_beta=beta)
