@@ -170,7 +170,7 @@ class FirstLayer:
         h = self.layer_input(ids, token_type_ids)
         q = self._heads(F.linear(h, self.wq, self.bq))
         k = self._heads(F.linear(h, self.wk, self.bk))
-        return q @ k.mT / math.sqrt(self.head_dim)
+        return q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)
 
     def terms(self, ids: Tensor, token_type_ids: Tensor | None = None) -> dict[str, Tensor]:
         """The four named terms (B, H, T, T); they sum to :meth:`logits`."""
@@ -179,10 +179,10 @@ class FirstLayer:
         qp, kp = self._heads(F.linear(h_posn, self.wq)), self._heads(F.linear(h_posn, self.wk))
         s = 1.0 / math.sqrt(self.head_dim)
         return {
-            "word-word": qw @ kw.mT * s,
-            "word-position": qw @ kp.mT * s,
-            "position-word": qp @ kw.mT * s,
-            "position-position": qp @ kp.mT * s,
+            "word-word": qw @ kw.transpose(-1, -2) * s,
+            "word-position": qw @ kp.transpose(-1, -2) * s,
+            "position-word": qp @ kw.transpose(-1, -2) * s,
+            "position-position": qp @ kp.transpose(-1, -2) * s,
         }
 
 

@@ -106,10 +106,10 @@ class _RecomputedBiasAttention(torch.autograd.Function):
                 kb.reshape(B * H, c1, -1).transpose(1, 2),
                 alpha=scale,
             ).softmax(-1).view(B, H, r1 - r0, c1)
-            dv[..., :c1, :] += p.mT @ dyb
-            ds = p.mul_(dyb @ vb.mT - delta[..., r0:r1, :])  # dS, in place of P
+            dv[..., :c1, :] += p.transpose(-1, -2) @ dyb
+            ds = p.mul_(dyb @ vb.transpose(-1, -2) - delta[..., r0:r1, :])  # dS, in place of P
             dq[..., r0:r1, :] = (ds @ kb) * scale
-            dk[..., :c1, :] += (ds.mT @ qb) * scale
+            dk[..., :c1, :] += (ds.transpose(-1, -2) @ qb) * scale
             if ctx.content:
                 g = torch.autograd.grad(b, [q_, k_, *params], ds if b.shape[0] == B else ds.sum(0, keepdim=True), allow_unused=True)
                 dq[..., r0:r1, :] += g[0] if g[0] is not None else 0
@@ -175,7 +175,7 @@ class Attention(nn.Module):
     def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The pre-mask attention logits (B, H, Tq, Tk) the reference path uses."""
         q, k = self.scheme.rotate(q, k, q_pos, k_pos)
-        att = q @ k.mT * self.scheme.logit_scale()
+        att = q @ k.transpose(-1, -2) * self.scheme.logit_scale()
         b = self.scheme.bias(q, k, q_pos, k_pos)
         return att if b is None else att + b
 

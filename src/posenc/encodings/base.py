@@ -181,23 +181,28 @@ class PositionalScheme(nn.Module):
         content override this.
         """
         s = self.logit_scale()
-        out = {"word-word": q_word @ k_word.mT * s}
+        out = {"word-word": q_word @ k_word.transpose(-1, -2) * s}
         if q_posn is not None:
-            out["word-position"] = q_word @ k_posn.mT * s
-            out["position-word"] = q_posn @ k_word.mT * s
-            out["position-position"] = q_posn @ k_posn.mT * s
+            out["word-position"] = q_word @ k_posn.transpose(-1, -2) * s
+            out["position-word"] = q_posn @ k_word.transpose(-1, -2) * s
+            out["position-position"] = q_posn @ k_posn.transpose(-1, -2) * s
             q, k = q_word + q_posn, k_word + k_posn
         else:
             q, k = q_word, k_word
         qr, kr = self.rotate(q, k, q_pos, k_pos)
         if qr is not q or kr is not k:
-            extra = (qr @ kr.mT - q @ k.mT) * s
+            extra = (qr @ kr.transpose(-1, -2) - q @ k.transpose(-1, -2)) * s
             out["position-position"] = out.get("position-position", 0) + extra
         b = self.bias(qr, kr, q_pos, k_pos)
         if b is not None:
             pp = out.get("position-position", 0) + b
             out["position-position"] = pp.expand(out["word-word"].shape)
         return out
+
+
+def check_positions(pos: Tensor) -> None:
+    if pos.dim() != 1 or pos.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
 
 
 def is_contiguous(pos: Tensor) -> bool:

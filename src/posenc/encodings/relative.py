@@ -198,7 +198,7 @@ class _ContentBiasTerms:
     def terms(self, q_word, k_word, q_posn, k_posn, q_pos, k_pos):
         if q_posn is not None:
             raise ValueError(f"{type(self).__name__} adds nothing to the input; got a position part")
-        ww = q_word @ k_word.mT * self.logit_scale()
+        ww = q_word @ k_word.transpose(-1, -2) * self.logit_scale()
         return {"word-word": ww, "word-position": self.bias(q_word, k_word, q_pos, k_pos).expand(ww.shape)}
 
 
@@ -351,20 +351,20 @@ class TransformerXL(PositionalScheme):
         rel_q = relative_logits(q, self.r, q_pos, k_pos, self.causal)  # (b) word-position
         v = self.v.to(q.dtype)[None, :, None, :].expand(1, self.n_heads, Tq, self.head_dim)
         rel_v = relative_logits(v, self.r, q_pos, k_pos, self.causal)  # (d) position-position
-        uk = self.u.to(k.dtype)[None, :, None, :] @ k.mT  # (c) (B, H, 1, Tk)
+        uk = self.u.to(k.dtype)[None, :, None, :] @ k.transpose(-1, -2)  # (c) (B, H, 1, Tk)
         return rel_q, uk, rel_v
 
     def bias(self, q, k, q_pos, k_pos):
         a = q + self.v.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
         rel = relative_logits(a, self.r, q_pos, k_pos, self.causal)  # (B, H, Tq, Tk)
-        uk = self.u.to(k.dtype)[None, :, None, :] @ k.mT  # (B, H, 1, Tk)
+        uk = self.u.to(k.dtype)[None, :, None, :] @ k.transpose(-1, -2)  # (B, H, 1, Tk)
         return (rel + uk) * self.logit_scale()
 
     def terms(self, q_word, k_word, q_posn, k_posn, q_pos, k_pos):
         if q_posn is not None:
             raise ValueError("TransformerXL adds nothing to the input; got a position part")
         s = self.logit_scale()
-        ww = q_word @ k_word.mT * s
+        ww = q_word @ k_word.transpose(-1, -2) * s
         rel_q, uk, rel_v = self._parts(q_word, k_word, q_pos, k_pos)
         return {
             "word-word": ww,

@@ -96,7 +96,7 @@ class TUPE(PositionalScheme):
     def bias_block(self, parts, q_pos, k_pos, rows, cols):
         pq, pk = parts
         qp, kp = q_pos[rows], k_pos[cols]
-        corr = pq[:, rows] @ pk[:, cols].mT * self.logit_scale()
+        corr = pq[:, rows] @ pk[:, cols].transpose(-1, -2) * self.logit_scale()
         if self.theta is not None:  # untie [CLS]
             theta = self.theta.to(corr.dtype)
             corr = torch.where((kp == 0)[None, None, :], theta[1][:, None, None], corr)  # [CLS] as the key
