@@ -54,14 +54,6 @@ def _cases():
 CASES = _cases()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def scheme_of(name: str, causal: bool, extra: dict, max_len: int):
     sch = factory(name, **extra)(d_model=D, n_heads=H, max_len=max_len, causal=causal)
     with torch.no_grad():  # away from the (often zero) initial values, so every term counts

@@ -48,6 +48,7 @@ from posenc.encodings import (
 from posenc.model import ModelConfig, Transformer
 
 from .references import dense_first_layer_logits, dense_model
+from .references import t5_bucket as t5_bucket_reference
 from .schemes import TEST_NAME, YEAR, checked_against, config_roots, defined_tests, discover, factory, scheme_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,24 +229,6 @@ def test_sinusoidal_table_formula_and_translation():
             c, s = math.cos(w * k), math.sin(w * k)
             T[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
         torch.testing.assert_close(tab[: n - k] @ T.T, tab[k:], atol=1e-5, rtol=0)
-
-
-def t5_bucket_reference(rel: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
-    """Plain-Python transcription of T5's _relative_position_bucket (Raffel et al.)."""
-    ret = 0
-    n = -rel
-    if bidirectional:
-        num_buckets //= 2
-        if n < 0:
-            ret += num_buckets
-        n = abs(n)
-    else:
-        n = max(n, 0)
-    max_exact = num_buckets // 2
-    if n < max_exact:
-        return ret + n
-    val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-    return ret + min(val, num_buckets - 1)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

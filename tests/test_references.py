@@ -19,14 +19,6 @@ from posenc.encodings import ALiBi, NoPE, RoPE, Shaw, T5Bias
 from posenc.model import ModelConfig, Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ------------------------------------------------------------------ partial RoPE
 @pytest.mark.parametrize("fraction", [0.25, 0.5, 1.0])
 def test_partial_rope_rotates_the_first_features_and_keeps_the_rest(fraction):
