@@ -1,16 +1,20 @@
-"""One scheme's Ke et al. heatmaps and band scores, from the runs its study stage made.
+"""One scheme's Ke et al. heatmaps and band scores, and how far its causal-LM runs
+attend, from the runs its study stage made.
 
     python -m pipelines.heatmaps alibi --runs results/runs/alibi.json --draw-seed 0 --batches 2 \
         --out-dir figures/correlations/alibi --json results/correlations/alibi.json \
-        --maps results/correlations/alibi.npz
+        --maps results/correlations/alibi.npz --reach results/reach/alibi.csv --multipliers 1 2 4 8 16
 
 Reads the runs that ``pipelines.study`` recorded in ``--runs`` (its masked-LM runs,
 or its causal-LM ones when the scheme is causal only, such as xPos: their panels
 are titled "(lm)"), summarises every run (band score of each term, and their mean
 and sd over seeds), draws the runs of ``--draw-seed`` (Figure 2 and every head,
 under ``--out-dir``) and saves their maps (``--maps``), from which the
-``correlations`` stage draws the overview of every scheme. Everything it writes
-belongs to this scheme alone.
+``correlations`` stage draws the overview of every scheme. With ``--reach`` it
+also writes the mean attention distance and entropy of every causal-LM run per
+layer, head and length (``analysis.reach``; with each zero-shot rule of
+``--extensions`` too, e.g. ``rope+yarn``). Everything it writes belongs to this
+scheme alone.
 
 The runs themselves are not committed: on a fresh clone this stage can run only
 after the scheme's study stage has trained them again, and says so.
@@ -28,13 +32,13 @@ from posenc.files import write_json
 TASKS = ("mlm", "lm")  # the masked-LM runs when there are any
 
 
-def checkpoints(runs_file: str | Path) -> list[Path]:
-    """The last checkpoint of every run of the scheme's first task in ``TASKS`` that it has."""
+def checkpoints(runs_file: str | Path, tasks: tuple[str, ...] = TASKS) -> list[Path]:
+    """The last checkpoint of every run of the scheme's first task in ``tasks`` that it has."""
     doc = json.loads(Path(runs_file).read_text())
     runs = doc["runs"]
-    task = next((t for t in TASKS if any(r["task"] == t for r in runs)), None)
+    task = next((t for t in tasks if any(r["task"] == t for r in runs)), None)
     if task is None:
-        raise SystemExit(f"{runs_file}: no masked-LM or causal-LM runs")
+        raise SystemExit(f"{runs_file}: no {' or '.join(tasks)} runs")
     ckpts = [Path(r["run_dir"]) / "checkpoints" / "last.ckpt" for r in sorted(runs, key=lambda r: r["seed"])
              if r["task"] == task]
     missing = [str(c) for c in ckpts if not c.is_file()]
@@ -57,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", required=True, help="this scheme's figures")
     p.add_argument("--json", required=True, help="this scheme's summary (every run, spread over seeds)")
     p.add_argument("--maps", required=True, help=".npz of the drawn run's maps, for the overview")
+    p.add_argument("--reach", help=".csv of the attention distance and entropy of the causal-LM runs")
+    p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="--reach lengths, x L")
+    p.add_argument("--extensions", nargs="*", default=[],
+                   help="zero-shot context-extension rules also measured by --reach (fine-tuned ones are skipped)")
     a = p.parse_args(argv)
     if a.batches < 1:
         p.error("--batches must be at least 1")
@@ -74,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     for label, spread in doc["schemes"].items():
         bands = ", ".join(f"{t} {v['band_mean']:+.2f} ± {v['band_sd']:.2f}" for t, v in spread["terms"].items())
         print(f"{label}, seeds {spread['seeds']}: {bands}")
+    if a.reach:
+        from analysis.reach import COLUMNS, checkpoint_reach
+        from posenc.retrieval import write_rows
+
+        rules = [None] + [e for e in a.extensions if "@" not in e]
+        has_lm = any(r["task"] == "lm" for r in json.loads(Path(a.runs).read_text())["runs"])
+        ckpts = checkpoints(a.runs, ("lm",)) if has_lm else []  # no causal-LM runs: a header alone
+        rows = [r for c in ckpts for e in rules for r in checkpoint_reach(c, a.multipliers, e)]
+        write_rows(rows, a.reach, COLUMNS)
+        print(f"{a.scheme}: attention distance and entropy of {len(rows)} (run, rule, length, layer, head) cells")
     return 0
 
 

@@ -1,11 +1,14 @@
-"""One scheme of the study: its causal-LM and masked-LM runs over seeds, and the
-length extrapolation of every causal-LM run, on a pool of worker processes.
+"""One scheme of the study: its causal-LM and masked-LM runs over seeds, the
+length extrapolation of every causal-LM run, and its retrieval runs with their
+exact-match grid, on a pool of worker processes.
 
     python -m pipelines.study rope --tasks lm mlm --seeds 0 1 2 --workers 2 --threads 1 \
         --runs-dir runs/rope --results results/runs/rope.json \
         --extrapolation results/extrapolation/rope.csv --multipliers 1 2 4 8 16 --max-tokens 16384 \
         --common "data=tinyshakespeare data.vocab_size=260 model=tiny" --scheme-overrides "" \
-        --lm "data.seq_len=64 trainer.max_steps=600" --mlm "data.seq_len=64 trainer.max_steps=600"
+        --lm "data.seq_len=64 trainer.max_steps=600" --mlm "data.seq_len=64 trainer.max_steps=600" \
+        --retrieval "data.seq_len=64 trainer.max_steps=1200" --retrieval-seeds 0 \
+        --retrieval-results results/retrieval/rope.csv --retrieval-extensions yarn
 
 Why a pool inside one stage: ``dvc repro`` runs its stages one at a time, so
 a stage per run would leave the second core idle, and parallel ``dvc repro``
@@ -18,7 +21,16 @@ neither before the pool starts).
 
 Each job is one training run (``posenc.train.train``) into
 ``<runs-dir>/<task>-s<seed>/``; a causal-LM job then scores its checkpoint at
-every evaluation length (``posenc.evaluate``). ``<runs-dir>`` belongs to the
+every evaluation length (``posenc.evaluate``). A retrieval run (``task=retrieval``,
+``--retrieval-seeds``, which may be fewer than ``--seeds``; with each fine-tuning
+rule of ``--retrieval-extensions`` it also trains its fine-tuned run) is scored
+on its exact-match grid by the pool itself, one (length, depth) cell per job, the
+longest lengths first (``pipelines.retrieval.score_cells``): a grid at 16L costs
+several times its training, and as one job it kept one worker busy long after
+the other had finished. Each grid is the run's plain one and one per zero-shot
+rule of ``--retrieval-extensions`` (``rope+yarn``); when its last cell is in,
+it is written beside its run and logged to its MLflow run, and all grid rows go
+to ``--retrieval-results`` (a header alone without the task). ``<runs-dir>`` belongs to the
 stage: it is emptied before the runs start, so it never mixes runs of two
 versions of the study (the runs are not DVC outputs: they are not committed,
 and the committed results must not depend on them being present). The results
@@ -44,13 +56,13 @@ import shlex
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 T0 = time.time()
 
 #: modules the fork server imports once for all workers of a stage
-PRELOAD = ["posenc.train", "posenc.evaluate"]
+PRELOAD = ["posenc.train", "posenc.evaluate", "posenc.retrieval"]
 
 
 def job_label(scheme: str, task: str, seed: int) -> str:
@@ -96,7 +108,9 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
             extensions: list[str] = ()) -> dict:
     """Train one run (and evaluate it at every length when ``extrapolate`` is given,
     also with each of the scheme's context-extension rules in ``extensions``, zero-shot
-    or after a fine-tune, see ``parse_extension``)."""
+    or after a fine-tune, see ``parse_extension``). A retrieval run is not scored
+    here: its ``grids`` (the run with each zero-shot rule, and each fine-tuned run)
+    name what the pool scores cell by cell (``pipelines.retrieval.score_cells``)."""
     started = time.time()
     from pipelines.common import compose_config
     from posenc import evaluate as ev
@@ -107,32 +121,52 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     t = time.perf_counter()
     metrics = train(cfg, out_dir=out_dir)
     train_s = time.perf_counter() - t
-    rows, eval_s = [], 0.0
-    if extrapolate is not None:
-        L = int(cfg.data.seq_len)
-        lengths = [int(m) * L for m in extrapolate["multipliers"]]
-        common = {"methods": ("nonoverlapping",), "device": "cpu", "progress": False, "lengths": lengths,
-                  "max_tokens": extrapolate["max_tokens"]}  # fmt: skip
-        for spec in [None, *extensions]:
-            rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
-            if not mult:  # the run itself, plain or with a rule switched on
-                t = time.perf_counter()
-                rows += ev.evaluate_checkpoint(out_dir, ev.Settings(extension=rule, **common))[0]
-                eval_s += time.perf_counter() - t
+    rows, grids, eval_s = [], [], 0.0
+    L = int(cfg.data.seq_len)
+    lengths = [int(m) * L for m in extrapolate["multipliers"]] if extrapolate else []
+    common = {"methods": ("nonoverlapping",), "device": "cpu", "progress": False, "lengths": lengths,
+              "max_tokens": extrapolate and extrapolate["max_tokens"]}  # fmt: skip
+    for spec in [None, *extensions] if extrapolate else []:
+        rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
+        if not mult:  # the run itself, plain or with a rule switched on
+            if task == "retrieval":
+                grids.append({"run_dir": out_dir, "extension": rule, "base_len": L, "extra": None})
                 continue
-            tuned_dir = str(Path(out_dir).with_name(f"{task}-{rule}-ft{mult}L-s{seed}"))  # beside the study's runs
             t = time.perf_counter()
-            train(compose_config(base + finetune_overrides(cfg, rule, mult, steps, f"{out_dir}/checkpoints/last.ckpt")),
-                  out_dir=tuned_dir)
-            train_s += time.perf_counter() - t
-            t = time.perf_counter()
-            label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "train_len": L, "extension": spec}
-            rows += ev.evaluate_checkpoint(tuned_dir, ev.Settings(extra=label, **common))[0]
+            rows += ev.evaluate_checkpoint(out_dir, ev.Settings(extension=rule, **common))[0]
             eval_s += time.perf_counter() - t
+            continue
+        tuned_dir = str(Path(out_dir).with_name(f"{task}-{rule}-ft{mult}L-s{seed}"))  # beside the study's runs
+        t = time.perf_counter()
+        train(compose_config(base + finetune_overrides(cfg, rule, mult, steps, f"{out_dir}/checkpoints/last.ckpt")),
+              out_dir=tuned_dir)
+        train_s += time.perf_counter() - t
+        label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "extension": spec}
+        if task == "retrieval":
+            grids.append({"run_dir": tuned_dir, "extension": None, "base_len": L, "extra": label})
+            continue
+        t = time.perf_counter()
+        rows += ev.evaluate_checkpoint(tuned_dir, ev.Settings(extra=label | {"train_len": L}, **common))[0]
+        eval_s += time.perf_counter() - t
     keep = ("val/loss", "val/ppl", "val/acc", "test/loss", "test/ppl", "test/acc", "global_step")
     return {"scheme": scheme, "task": task, "seed": seed, "run_dir": out_dir,
             **{k: metrics[k] for k in keep if k in metrics},
-            "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows}
+            "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows,
+            "grids": grids, "tracking_uri": cfg.logger.tracking_uri if cfg.get("logger") else None}
+
+
+def timed(fn, *args):
+    """(fn(*args), its seconds): a job whose time the stage records."""
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+def grid_cells(grid: dict, lengths: list[int]) -> list[tuple[int, float]]:
+    """The (length, depth) cells of one retrieval grid, the longest (dearest) first."""
+    from posenc.retrieval import DEPTHS
+
+    return [(m * grid["base_len"], d) for m in sorted(lengths, reverse=True) for d in DEPTHS]
 
 
 def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
@@ -146,6 +180,9 @@ def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
                      for r in done})
     settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
                 "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
+    if "retrieval" in a.tasks:  # added only with the task: the digests of the other studies stay as they were
+        settings["retrieval"] = {"overrides": shlex.split(a.retrieval), "seeds": a.retrieval_seeds,
+                                 "trial_seed": a.trial_seed, "half_width": a.half_width}
     return {"core": files_digest(), "scheme": scheme_fingerprint(a.scheme)["digest"],
             "settings": json_digest(settings)}
 
@@ -154,7 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scheme", help="an encoding name (conf/encoding/<name>.yaml)")
-    p.add_argument("--tasks", nargs="+", choices=["lm", "mlm"], default=["lm", "mlm"])
+    p.add_argument("--tasks", nargs="+", choices=["lm", "mlm", "retrieval"], default=["lm", "mlm"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--workers", type=int, default=2, help="training processes at once")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -171,11 +208,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="Hydra overrides of this scheme's runs (one string; after --common, before --lm/--mlm)")
     p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
     p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
+    p.add_argument("--retrieval", default="", help="Hydra overrides for the retrieval runs")
+    p.add_argument("--retrieval-seeds", type=int, nargs="+", help="seeds of the retrieval runs (default: --seeds)")
+    p.add_argument("--retrieval-results", help="results file (.csv) of the retrieval grids")
+    p.add_argument("--retrieval-extensions", nargs="*", default=[],
+                   help="zero-shot rules of --extensions that the retrieval grid is scored with too (yarn)")
+    p.add_argument("--trial-seed", type=int, default=0, help="seed of the retrieval trials (the same for every scheme)")
+    p.add_argument("--half-width", type=float, default=0.05,
+                   help="largest half-width of a retrieval cell's 95%% interval")
     a = p.parse_args(argv)
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
     if "lm" in a.tasks and not a.extrapolation:
         p.error("--extrapolation is required when the causal-LM task is run")
+    if "retrieval" in a.tasks and not a.retrieval_results:
+        p.error("--retrieval-results is required when the retrieval task is run")
+    if not 0 < a.half_width < 0.5:
+        p.error("--half-width must be between 0 and 0.5")
+    a.retrieval_seeds = a.retrieval_seeds or a.seeds
     for spec in a.extensions:
         try:
             parse_extension(spec)
@@ -187,38 +237,73 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     jobs = []
-    for task in a.tasks:  # causal-LM jobs first: they also evaluate, so they are the longest
-        for seed in a.seeds:
+    a.grid = {"trial_seed": a.trial_seed, "half_width": a.half_width}
+    retrieval_rules = [e for e in a.extensions if e in a.retrieval_extensions]
+    # the longest jobs first: retrieval (training and its grid), then causal LM (it also evaluates)
+    for task in sorted(a.tasks, key=["retrieval", "lm", "mlm"].index):
+        for seed in a.retrieval_seeds if task == "retrieval" else a.seeds:
             overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(getattr(a, task))
-            extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task == "lm" else None
-            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
-                         a.extensions if task == "lm" else []))
+            extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task != "mlm" else None
+            rules = {"lm": a.extensions, "retrieval": retrieval_rules}.get(task, [])
+            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra, rules))
     if Path(a.runs_dir).is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
         shutil.rmtree(a.runs_dir)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     done, failed, n = [], [], len(jobs)
+    grids: dict[tuple, dict] = {}  # (seed, grid index) -> the grid, its rows and its cells left
     try:
         with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
                                  initargs=(a.threads,)) as pool:
-            futures = {pool.submit(run_job, *job): job for job in jobs}
+            pending = {pool.submit(run_job, *job): ("run", job) for job in jobs}
             # imported while the workers train: the parent itself never imports Lightning
+            from pipelines.retrieval import finish_grid, score_cells
             from posenc.evaluate import write_results
             from posenc.files import portable_path, write_json
 
-            for fut in as_completed(futures):
-                scheme, task, seed = futures[fut][:3]
-                try:
-                    r = fut.result()
-                except Exception as e:  # noqa: BLE001 -- reported below, the others go on
-                    failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                    print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
-                    continue
-                done.append(r)
-                acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
-                print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
-                      f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    kind, job = pending.pop(fut)
+                    if kind == "cell":
+                        key, cell = job
+                        g = grids[key]
+                        try:
+                            rows, seconds = fut.result()
+                            g["rows"] += rows
+                            g["record"]["eval_s"] = round(g["record"]["eval_s"] + seconds, 2)
+                        except Exception as e:  # noqa: BLE001 -- reported below, the others go on
+                            failed.append(f"{job_label(a.scheme, 'retrieval', key[0])} grid cell {cell}: "
+                                          f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                        g["left"] -= 1
+                        if g["left"] == 0 and len(g["rows"]) == g["cells"]:
+                            rows = finish_grid(g["run_dir"], g["rows"], g["uri"], g["extension"])
+                            g["record"]["rows"] += rows
+                            at_l = [r["exact_match"] for r in rows if r["multiple"] == 1]
+                            print(f"    {rows[0]['scheme']} s{key[0]} retrieval grid: exact match at L "
+                                  f"{100 * sum(at_l) / len(at_l):.1f}%", flush=True)
+                        continue
+                    scheme, task, seed = job[:3]
+                    try:
+                        r = fut.result()
+                    except Exception as e:  # noqa: BLE001 -- reported below, the others go on
+                        failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                        print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
+                        continue
+                    done.append(r)
+                    uri = r.pop("tracking_uri")
+                    for i, grid in enumerate(r.pop("grids")):  # score a retrieval run's grids on the pool
+                        cells = grid_cells(grid, a.multipliers)
+                        grids[seed, i] = {**grid, "rows": [], "cells": len(cells), "left": len(cells),
+                                          "uri": uri, "record": r}
+                        for cell in cells:
+                            fut = pool.submit(timed, score_cells, grid["run_dir"], [cell], a.grid, grid["extension"],
+                                              grid["base_len"], grid["extra"])
+                            pending[fut] = ("cell", ((seed, i), cell))
+                    acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
+                    print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
+                          f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
     except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or a worker's run stopped by a signal
         why = str(e) if str(e) and not isinstance(e, KeyboardInterrupt) else "Ctrl-C"
         print(f"study of {a.scheme} interrupted ({why}): {len(done)} of {n} runs had finished; a run stopped "
@@ -228,9 +313,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(["study failed:"] + failed), file=sys.stderr)
         return 1
     done.sort(key=lambda r: (r["task"], r["seed"]))
-    rows = [row for r in done for row in r.pop("rows")]
+    rows = {t: [row for r in done if r["task"] == t for row in r["rows"]] for t in a.tasks}
+    for r in done:
+        del r["rows"]
     if "lm" in a.tasks:
-        write_results(rows, a.extrapolation)
+        write_results(rows["lm"], a.extrapolation)
+    if a.retrieval_results:  # without the task, a header alone (the stage's output all the same)
+        from posenc.retrieval import write_rows
+
+        order = lambda r: (r["scheme"], r["seed"], r["length"], r["depth"])  # noqa: E731 -- grids finish in any order
+        write_rows(sorted(rows.get("retrieval", []), key=order), a.retrieval_results)
     for r in done:
         r["run_dir"] = portable_path(r["run_dir"])
     timing = {

@@ -24,7 +24,8 @@ README):
   scheme against each scheme of ``--against`` and the best scheme;
 * ``metrics/<scheme>.json``: the headline numbers of a scheme (``headline``), the
   pipeline's only metrics, so ``dvc metrics show`` prints one short row per scheme;
-* ``timing.json``: per study stage its wall time, start-up, training and
+* ``timing.json``: per study stage (and in total) the seconds of its runs per task
+  (training plus evaluation, summed over the processes: core-seconds), its wall time, start-up, training and
   evaluation seconds (worker-seconds: with 2 workers, twice the wall time at most).
 
 Welch's t-test (unequal variances): t = (m_a - m_b) / sqrt(s_a²/n_a + s_b²/n_b),
@@ -217,10 +218,19 @@ def timing(run_files: list[str | Path]) -> dict:
     stages = {}
     for f in run_files:
         d = json.loads(Path(f).read_text())
-        stages[d["scheme"]] = d["timing"] | {"runs": len(d["runs"])}
+        tasks: dict[str, float] = defaultdict(float)
+        for r in d["runs"]:
+            tasks[r["task"]] += r.get("train_s", 0.0) + r.get("eval_s", 0.0)
+        stages[d["scheme"]] = d["timing"] | {"runs": len(d["runs"]),
+                                             "task_s": {t: round(v, 2) for t, v in sorted(tasks.items())}}
     keys = ("wall_s", "startup_s", "train_s", "eval_s")
+    task_s: dict[str, float] = defaultdict(float)
+    for s in stages.values():
+        for t, v in s["task_s"].items():
+            task_s[t] += v
     return {"stages": stages, "total": {k: round(sum(s[k] for s in stages.values()), 1) for k in keys}
-            | {"runs": sum(s["runs"] for s in stages.values())}}
+            | {"runs": sum(s["runs"] for s in stages.values()),
+               "task_s": {t: round(v, 1) for t, v in sorted(task_s.items())}}}
 
 
 def headline(lm: dict, mlm: dict) -> dict:

@@ -30,9 +30,10 @@ REDUCED = {
     "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
            "overrides": ""},
     "mlm": {"seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
-    "schemes": {"none": {"tasks": "lm mlm", "overrides": "", "extensions": ""},
-                "alibi": {"tasks": "lm mlm", "overrides": "", "extensions": ""},
-                "xpos": {"tasks": "lm", "overrides": "", "extensions": ""}},
+    "retrieval": {"steps": 20, "batch_size": 8, "seeds": "0", "extensions": "", "overrides": ""},
+    "schemes": {"none": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
+                "alibi": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
+                "xpos": {"tasks": "lm retrieval", "overrides": "", "extensions": ""}},
     "lm_table": {"question": "alibi"},
     "mlm_table": {"question": "alibi", "against": "none"},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
@@ -118,8 +119,15 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
               "figures/correlations_table.md",
               "results/extrapolation.csv", "results/mlm_table.json", "results/lm_table.json", "results/timing.json",
               "results/correlations.json", "results/pretrained_minilm.json", "figures/bench/bench.json",
-              "figures/bench/bench.png"]:
+              "figures/bench/bench.png", "figures/retrieval/grid.png", "figures/retrieval/curves.png",
+              "figures/retrieval/reach.png", "figures/retrieval_table.md", "figures/reach_table.md"]:
         assert (tmp_path / f).stat().st_size > 0, f
+    # retrieval: one run per scheme, 3 lengths x 5 depths each; reach: every causal-LM run,
+    # 3 lengths x 2 layers x 2 heads
+    grid = (tmp_path / "results/retrieval.csv").read_text().splitlines()
+    assert len(grid) == 1 + 3 * 3 * 5 and {r.split(",")[0] for r in grid[1:]} == {"none", "alibi", "xpos"}
+    assert len((tmp_path / "results/reach.csv").read_text().splitlines()) == 1 + 3 * 2 * 3 * 2 * 2
+    assert all(f"`{s}`" in (tmp_path / "figures/retrieval_table.md").read_text() for s in ("none", "alibi", "xpos"))
     rows = (tmp_path / "results/extrapolation.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * 2 * 3  # header + schemes x seeds x lengths
     # masked-LM runs of none and alibi, xpos (causal only) from its LM run, per seed; seed 0 drawn
@@ -143,7 +151,8 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
     assert lm["none"]["vs_question"]["question"] == "alibi" and "vs_question" not in lm["alibi"]
     timing = json.loads((tmp_path / "results/timing.json").read_text())
-    assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2
+    assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2 + 3
+    assert set(timing["total"]["task_s"]) == {"lm", "mlm", "retrieval"}
     # committed results name no absolute path of the machine that made them
     for f in ("results/prepare.json", "results/correlations.json", "results/extrapolation.csv",
               "results/runs/alibi.json", "results/pretrained_minilm.json", "results/mlflow_study.json"):
@@ -169,7 +178,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     html = _dvc(tmp_path, "plots", "show", "--out", "dvc_plots")
     assert html.returncode == 0, html.stderr[-2000:]
     page = (tmp_path / "dvc_plots" / "index.html").read_text()
-    assert "<script" not in page and page.count("<img") == 3, page[:2000]
+    assert "<script" not in page and page.count("<img") == 6, page[:2000]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
     _check_adding_a_scheme(tmp_path, tmp_path.parent / f"{tmp_path.name}-clone")
@@ -213,13 +222,16 @@ class DistancePenalty(PositionalScheme):
                                   "  _partial_: true\n  init: 0.5\n",
 }
 #: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
-ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "figures", "bench",
-                "publish"}
+ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "figures", "retrieval",
+                "bench", "publish"}
 SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
                    "figures/correlations_table.md", "figures/extrapolation.png", "figures/extrapolation.svg",
                    "figures/lm_table.md", "figures/mlm_table.md", "results/correlations.json",
                    "results/extrapolation.csv", "results/lm_table.json", "results/mlm_table.json",
-                   "results/timing.json", "results/mlflow_study.json"}
+                   "results/timing.json", "results/mlflow_study.json", "figures/retrieval/grid.png",
+                   "figures/retrieval/grid.svg", "figures/retrieval/curves.png", "figures/retrieval/curves.svg",
+                   "figures/retrieval/reach.png", "figures/retrieval/reach.svg", "figures/retrieval_table.md",
+                   "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv"}
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -238,7 +250,7 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     for rel, text in NEW_SCHEME.items():
         (clone / rel).write_text(text.lstrip())
     params = yaml.safe_load((clone / "params.yaml").read_text())
-    params["schemes"]["penalty"] = {"tasks": "lm mlm", "overrides": "", "extensions": ""}
+    params["schemes"]["penalty"] = {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""}
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     status = _dvc(clone, "status")
@@ -256,12 +268,15 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     assert modified <= SUMMARY_OUTPUTS | {f for f in before if f.startswith(("figures/bench/", "results/metrics/"))}
     for f, data in before.items():  # every per-scheme file of the other schemes, byte for byte
         if f.startswith(("results/runs/", "results/extrapolation/", "results/correlations/", "results/fingerprints/",
-                         "results/metrics/", "figures/correlations/")) and "/overview." not in f:
+                         "results/metrics/", "results/retrieval/", "results/reach/", "figures/correlations/")) \
+                and "/overview." not in f:
             assert (clone / f).read_bytes() == data, f
     # the new scheme is in both tables, both figures' data and the heatmaps
     assert "penalty" in json.loads((clone / "results/lm_table.json").read_text())
     assert "penalty" in json.loads((clone / "results/mlm_table.json").read_text())["summary"]
     assert "penalty (mlm)" in json.loads((clone / "results/correlations.json").read_text())["schemes"]
     assert "\npenalty,0," in (clone / "results/extrapolation.csv").read_text()
+    assert "\npenalty," in (clone / "results/retrieval.csv").read_text()
+    assert "\npenalty," in (clone / "results/reach.csv").read_text()
     assert list((clone / "figures/correlations/penalty").glob("*_heads.png"))
     assert (clone / "results/metrics/penalty.json").is_file()

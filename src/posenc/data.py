@@ -417,7 +417,9 @@ class LMDataModule(L.LightningDataModule):
     """Language-model data: the corpus, its tokenizer and windowed loaders.
 
     ``task`` is the task config: ``objective: causal`` gives next-token
-    windows, ``objective: mlm`` masked windows with a leading [CLS].
+    windows, ``objective: mlm`` masked windows with a leading [CLS],
+    ``objective: retrieval`` key-value retrieval windows on filler text
+    (``posenc.retrieval``; ``task.digits`` and ``task.needles`` size them).
     """
 
     def __init__(
@@ -482,13 +484,19 @@ class LMDataModule(L.LightningDataModule):
         objective = self.task.get("objective", "causal")
         if objective == "causal":
             return ds
+        offset = {"train": 0, "validation": 1, "test": 2}[split]
         if objective == "mlm":
-            offset = {"train": 0, "validation": 1, "test": 2}[split]
             return MaskedWindows(
                 ds, self.prepared.meta["special_ids"], self.tokenizer_vocab_size, self.task.get("mask_prob", 0.15),
                 self.seed * 3 + offset,
             )
-        raise DataError(f"task.objective={objective!r} is not one of 'causal', 'mlm'")
+        if objective == "retrieval":  # the windows only set the count of the fixed evaluation examples
+            from .retrieval import FixedExamples, Task
+
+            task = Task(self.prepared, int(self.task.get("digits", 5)), int(self.task.get("needles", 1)))
+            examples = task.examples(split, self.seq_len, self.seed * 3 + offset)
+            return examples if split == "train" else FixedExamples(examples, len(ds))
+        raise DataError(f"task.objective={objective!r} is not one of 'causal', 'mlm', 'retrieval'")
 
     def train_dataloader(self) -> DataLoader:
         """Random windows from an endless stream that resumes where the run stopped."""

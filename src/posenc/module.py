@@ -40,7 +40,8 @@ class LMModule(L.LightningModule):
     """Causal or masked language modelling with any positional scheme.
 
     Perplexity is over scored tokens only (all tokens for ``task=lm``, the
-    masked targets for ``task=mlm``, where accuracy is reported too).
+    masked targets for ``task=mlm``, the answer digits for ``task=retrieval``;
+    for these two accuracy is reported too).
 
     ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
     checkpoint so a model can be rebuilt from the checkpoint alone, with
@@ -57,8 +58,8 @@ class LMModule(L.LightningModule):
         self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
-        self.is_mlm = self.cfg.task.objective == "mlm"
-        if self.is_mlm:
+        self.with_accuracy = self.cfg.task.objective in ("mlm", "retrieval")
+        if self.with_accuracy:
             acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
             self.val_acc, self.test_acc = acc(), acc()
         self._t0: float | None = None
@@ -84,7 +85,7 @@ class LMModule(L.LightningModule):
         metric(logits.detach(), y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log(f"{stage}/ppl", metric, on_epoch=True, prog_bar=True)
-        if self.is_mlm:
+        if self.with_accuracy:
             acc = self.val_acc if stage == "val" else self.test_acc
             acc(logits.detach().flatten(0, 1), y.flatten())
             self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True)

@@ -60,6 +60,14 @@ def check_config(cfg: DictConfig) -> None:
         scheme.check_length(int(cfg.data.seq_len))
     except ValueError as e:  # the scheme's own checks name the setting
         raise ConfigError(str(e)) from e
+    if cfg.task.get("objective") == "retrieval":  # a window that cannot hold its needles and queries
+        from .retrieval import Layout
+
+        T, n, k = int(cfg.data.seq_len), int(cfg.task.get("needles", 1)), int(cfg.task.get("digits", 5))
+        try:
+            Layout(T, n, k)
+        except ValueError as e:
+            raise ConfigError(f"task=retrieval with data.seq_len={T}, task.needles={n}, task.digits={k}: {e}") from e
 
 
 def check_optim(cfg: DictConfig) -> None:

@@ -1,0 +1,133 @@
+"""The exact-match grid of a retrieval run (``task=retrieval``, ``posenc.retrieval``):
+lengths x needle depths, also with zero-shot context-extension rules (``rope+yarn``).
+
+    python -m pipelines.retrieval runs/rope/retrieval-s0 --multipliers 1 2 4 8 16 --extensions yarn
+
+The study scores its retrieval runs cell by cell on its pool of workers
+(``score_cells`` per (length, depth), then ``finish_grid``; ``pipelines.study``);
+this CLI scores any run folder the same way in one process (``grid_job``). The
+trials are the same for every scheme and seed (``--trial-seed``, the validation
+split's filler); each cell scores trials until its 95% interval is at most
++-``--half-width`` (``posenc.retrieval.evaluate_grid``). The rows go to
+``retrieval[-<rule>].csv`` in the run folder, and the run's MLflow run gets the
+metrics ``retrieval/exact_match`` and ``retrieval/digit_acc`` at step = length
+(mean over depths; ``..._<rule>`` with a rule) and the rows as an artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(run_dir: str, extension: str | None, base_len: int | None):
+    """(model, task, row labels) of a trained run, kept by a worker for the cells that follow.
+
+    ``base_len``: the L of the grid's multiples and of the rule's original length
+    (a run fine-tuned at 4L is scored on the lengths of the run it came from)."""
+    from posenc import retrieval as rt
+    from posenc.runs import load_state, module_from_state, resolve_checkpoint, run_data, stored_run
+
+    res = resolve_checkpoint(run_dir, "last")
+    state = load_state(res.path)
+    cfg = stored_run(state, res.path)["cfg"]
+    L = base_len or int(cfg["data"]["seq_len"])
+    module = module_from_state(state, res.path, "cpu", {"scaling": extension, "original_len": L} if extension else None)
+    dm = run_data(cfg, vocab_size=int(module.hparams["vocab_size"]))
+    task = rt.Task(dm.prepared, int(cfg["task"]["digits"]), 1)
+    labels = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "extension": extension or "",
+              "seed": cfg["seed"], "train_len": L, "run_id": res.run_id}
+    return module.model, task, labels
+
+
+def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, extension: str | None = None,
+                base_len: int | None = None, extra: dict | None = None) -> list[dict]:
+    """Grid rows of a trained run on the given (length, depth) cells (with a
+    context-extension rule switched on past L); ``extra`` replaces row labels (a
+    fine-tuned run's scheme and extension)."""
+    from posenc import retrieval as rt
+
+    model, task, labels = _loaded(str(run_dir), extension, base_len)
+    rows = []
+    for length, depth in cells:
+        rows += rt.evaluate_grid(model, task.filler("validation"), task.sym, [length], [depth], digits=task.digits,
+                                 seed=settings["trial_seed"], half_width=settings["half_width"])
+    L = labels["train_len"]
+    return [{**labels, **(extra or {}), "multiple": r["length"] // L, **r} for r in rows]
+
+
+def log_grid(rows: list[dict], run_id: str | None, uri: str, extension: str | None, files: list[Path]) -> None:
+    """MLflow metrics of a run's grid: mean over depths at step = length."""
+    if run_id is None:
+        return
+    import mlflow
+    import pandas as pd
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient(uri)
+    now = int(time.time() * 1000)
+    tail = f"_{extension}" if extension else ""
+    means = pd.DataFrame(rows).groupby("length")[["exact_match", "digit_acc"]].mean().dropna()  # n/a lengths
+    client.log_batch(run_id, metrics=[Metric(f"retrieval/{k}{tail}", float(v), now, int(length))
+                                      for length, row in means.iterrows() for k, v in row.items()])
+    for f in files:
+        client.log_artifact(run_id, str(f), artifact_path="retrieval")
+
+
+def finish_grid(run_dir: str, rows: list[dict], uri: str, extension: str | None = None) -> list[dict]:
+    """A run's whole grid, sorted by (length, depth): written beside the run
+    (``retrieval[-<rule>].csv``, the zero-shot rule it was scored with) and logged
+    to its MLflow run."""
+    from posenc.retrieval import write_rows
+
+    rows = sorted(rows, key=lambda r: (r["length"], r["depth"]))
+    path = write_rows(rows, Path(run_dir) / f"retrieval{'-' + extension if extension else ''}.csv")
+    log_grid(rows, rows[0]["run_id"], uri, extension, [path])
+    return rows
+
+
+def grid_job(out_dir: str, cfg, multipliers: list[int], extensions: list[str], settings: dict) -> list[dict]:
+    """Score a trained retrieval run's whole grid in this process (plain, then with
+    each zero-shot rule), write each grid beside the run and log it to MLflow."""
+    from posenc.retrieval import DEPTHS
+
+    cells = [(m * int(cfg.data.seq_len), d) for m in multipliers for d in DEPTHS]
+    rows = []
+    for ext in [None, *extensions]:
+        rows += finish_grid(out_dir, score_cells(out_dir, cells, settings, ext), cfg.logger.tracking_uri, ext)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.retrieval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="a retrieval run folder (python train.py task=retrieval ...)")
+    p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--extensions", nargs="*", default=[], help="zero-shot context-extension rules (rope: pi ntk yarn)")
+    p.add_argument("--trial-seed", type=int, default=0, help="seed of the evaluation trials (the same for every scheme)")
+    p.add_argument("--half-width", type=float, default=0.05, help="largest half-width of a cell's 95%% interval")
+    a = p.parse_args(argv)
+    if not 0 < a.half_width < 0.5:
+        p.error("--half-width must be between 0 and 0.5")
+    from omegaconf import OmegaConf
+
+    from posenc.runs import load_state, resolve_checkpoint, stored_run
+
+    res = resolve_checkpoint(a.run, "last")
+    cfg = OmegaConf.create(stored_run(load_state(res.path), res.path)["cfg"])
+    if cfg.task.objective != "retrieval":
+        p.error(f"{a.run} is a task={cfg.task.name} run, not a retrieval one")
+    rows = grid_job(str(res.path.parent.parent), cfg, a.multipliers, a.extensions,
+                    {"trial_seed": a.trial_seed, "half_width": a.half_width})
+    for r in rows:
+        print(f"{r['scheme']:>16} {r['length']:>6} depth {r['depth']:.2f}: exact match {100 * r['exact_match']:5.1f}% "
+              f"[{100 * r['exact_lo']:.1f}, {100 * r['exact_hi']:.1f}] over {r['trials']}, digits {100 * r['digit_acc']:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

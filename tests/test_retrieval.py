@@ -1,0 +1,326 @@
+"""The retrieval task (posenc.retrieval): its windows, its grid and its statistics.
+
+The windows are checked on a small synthetic vocabulary whose strings are known;
+the scorer against two models with known scores: one that copies what followed
+the previous occurrence of its input token (it must score 100% at every length
+and depth) and one that guesses a digit (it must score chance). The Wilson
+interval is checked against scipy's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import binomtest
+
+from posenc import retrieval as rt
+from posenc.errors import DataError
+
+SPECIALS = ["<|endoftext|>", "[PAD]", "[CLS]", "[MASK]"]
+LETTERS = list("abcdefghijklmnopqrstuvwxyz .,")
+STRINGS = SPECIALS + LETTERS + list("0123456789") + ["x1", "§", "¤", "µ", "¶", "ß", "Þ", "ð", "ø", "æ"]
+DIGIT_IDS = [STRINGS.index(d) for d in "0123456789"]
+UNUSED = [STRINGS.index(s) for s in ["§", "¤", "µ", "¶", "ß", "Þ", "ð", "ø", "æ"]]
+
+
+def corpus(n: int, seed: int) -> np.ndarray:
+    """Letters with a digit now and then, and the token "x1" (a string holding a digit)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(len(SPECIALS), len(SPECIALS) + len(LETTERS), size=n)
+    ids[rng.random(n) < 0.05] = DIGIT_IDS[3]
+    ids[rng.random(n) < 0.02] = STRINGS.index("x1")
+    return ids
+
+
+SPLITS = [corpus(20_000, 0), corpus(5_000, 1), corpus(5_000, 2)]
+SYM = rt.task_symbols(STRINGS, SPLITS, [0, 1, 2, 3], 8)
+FILLER = rt.filler_stream(SPLITS[1], STRINGS)
+
+
+def test_symbols_are_the_digits_and_markers_that_occur_nowhere():
+    assert SYM.digits == tuple(DIGIT_IDS)
+    markers = [SYM.query, *SYM.keys]
+    assert markers == UNUSED[:9]  # the lowest unused ids that are no special and hold no digit
+    assert not np.isin(markers, np.concatenate(SPLITS)).any()
+    with pytest.raises(DataError, match="marker tokens"):
+        rt.task_symbols(STRINGS, SPLITS, [0, 1, 2, 3], 9)
+    with pytest.raises(DataError, match="single-token digits"):
+        rt.task_symbols([s for s in STRINGS if s != "7"], SPLITS, [0, 1, 2, 3], 2)
+
+
+def test_the_filler_holds_no_digit():
+    assert len(FILLER) < len(SPLITS[1])
+    assert not np.isin(FILLER, DIGIT_IDS + [STRINGS.index("x1")]).any()
+    kept = np.asarray(SPLITS[1])[~np.isin(SPLITS[1], DIGIT_IDS + [STRINGS.index("x1")])]
+    np.testing.assert_array_equal(FILLER, kept)  # in order, nothing else dropped
+
+
+def parts(x: torch.Tensor, y: torch.Tensor, layout: rt.Layout):
+    """Where the key, value, query and answer of a one-needle window are."""
+    x = x.tolist()
+    (q,) = [i for i, t in enumerate(x) if t == SYM.query]
+    key = x[q + 1]
+    needle = x.index(key)
+    return needle, q, key, x[needle + 1 : needle + 1 + layout.digits]
+
+
+@pytest.mark.parametrize("length", [24, 64, 257])
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_a_trial_window(length, depth):
+    layout = rt.Layout(length, 1, 5)
+    x, y = rt.trial(FILLER, SYM, length, depth, 5, seed=3, i=7)
+    assert x.shape == y.shape == (length,)
+    needle, q, key, value = parts(x, y, layout)
+    # the needle sits at its depth of the filler: 0 = first token, 1 = right before the query
+    assert needle == round(depth * layout.filler)
+    if depth == 1.0:
+        assert needle + 1 + layout.digits == q
+    # the key occurs twice (needle, query), the query marker once, the value's digits are distinct
+    assert x.tolist().count(key) == 2 and x.tolist().count(SYM.query) == 1
+    assert len(set(value)) == 5 and set(value) <= set(DIGIT_IDS)
+    # digits occur only in the needle and the query: never in the filler
+    digit_at = [i for i, t in enumerate(x.tolist()) if t in DIGIT_IDS]
+    assert digit_at == list(range(needle + 1, needle + 6)) + list(range(q + 2, length))
+    # the scored targets are the answer: the value, predicted from the query key on
+    scored = (y != rt.IGNORE).nonzero().flatten().tolist()
+    assert scored == list(range(length - 5, length))
+    assert y[scored].tolist() == value
+    assert x[length - 5] == key and x[length - 4 :].tolist() == value[:4]
+
+
+def test_trials_share_text_across_depths_and_are_fixed_by_seed_and_index():
+    a, _ = rt.trial(FILLER, SYM, 64, 0.0, 5, seed=1, i=4)
+    b, _ = rt.trial(FILLER, SYM, 64, 1.0, 5, seed=1, i=4)
+    assert sorted(a.tolist()) == sorted(b.tolist())  # the same tokens, the needle moved
+    again, _ = rt.trial(FILLER, SYM, 64, 0.0, 5, seed=1, i=4)
+    assert torch.equal(a, again)
+    assert not torch.equal(a, rt.trial(FILLER, SYM, 64, 0.0, 5, seed=1, i=5)[0])
+    assert not torch.equal(a, rt.trial(FILLER, SYM, 64, 0.0, 5, seed=2, i=4)[0])
+
+
+def test_training_examples_are_a_function_of_seed_and_id():
+    layout = rt.Layout(64, 2, 4)
+    one, two = rt.RetrievalExamples(FILLER, SYM, layout, 5), rt.RetrievalExamples(FILLER, SYM, layout, 5)
+    for g in (0, 1, 4096, 10**6):
+        assert all(torch.equal(p, q) for p, q in zip(one[g], two[g]))
+    assert not torch.equal(one[0][0], one[1][0])
+    assert not torch.equal(one[0][0], rt.RetrievalExamples(FILLER, SYM, layout, 6)[0][0])
+    # two needles, two queries: 8 distinct digits, every one scored once
+    x, y = one[3]
+    assert (y != rt.IGNORE).sum() == 8 and len(set(y[y != rt.IGNORE].tolist())) == 8
+    starts = torch.tensor([rt.RetrievalExamples(FILLER, SYM, layout, 5)[g][0].tolist().index(SYM.query)
+                           for g in range(50)])
+    assert (starts == layout.length + 1 - 2 * 5 - 1).all()  # the query block always ends the window
+
+
+def test_layouts_that_cannot_be_built_are_refused():
+    with pytest.raises(DataError, match="cannot hold"):
+        rt.Layout(11, 1, 5)
+    with pytest.raises(DataError, match="at most 10"):
+        rt.Layout(64, 3, 4)
+    with pytest.raises(DataError, match="at least one"):
+        rt.Layout(64, 0, 4)
+    assert rt.Layout(13, 1, 5).filler == 1
+
+
+class Copier(torch.nn.Module):
+    """Predicts, at each position, the token that followed the previous occurrence of
+    the current token (an induction head, written out); with no previous
+    occurrence, a fixed wrong digit."""
+
+    vocab = len(STRINGS)
+
+    def check_length(self, length: int) -> None:
+        pass
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        out = torch.zeros(B, T, self.vocab)
+        for b in range(B):
+            row = idx[b].tolist()
+            last: dict[int, int] = {}
+            for t, tok in enumerate(row):
+                guess = row[last[tok] + 1] if tok in last else DIGIT_IDS[0]
+                out[b, t, guess] = 1.0
+                last[tok] = t
+        return out
+
+
+class Guesser(torch.nn.Module):
+    """A uniformly random digit at every position (seeded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(0)
+
+    def check_length(self, length: int) -> None:
+        pass
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*idx.shape, len(STRINGS))
+        pick = torch.tensor(DIGIT_IDS)[torch.randint(10, idx.shape, generator=self.gen)]
+        return out.scatter_(-1, pick[..., None], 1.0)
+
+
+def test_a_model_that_copies_the_needle_scores_100_percent_everywhere():
+    rows = rt.evaluate_grid(Copier(), FILLER, SYM, [24, 64, 200], digits=5, seed=0)
+    assert len(rows) == 15
+    for r in rows:
+        assert r["exact_match"] == 1.0 and r["digit_acc"] == 1.0
+        assert r["trials"] == 40  # an interval at 100% is narrow after the first trials
+        assert r["exact_hi"] == 1.0 and 1 - r["exact_lo"] <= 0.1
+
+
+def test_a_model_that_guesses_scores_chance():
+    rows = rt.evaluate_grid(Guesser(), FILLER, SYM, [24, 64], digits=5, seed=0)
+    digits = sum(r["digit_acc"] * r["trials"] * 5 for r in rows)
+    n = sum(r["trials"] * 5 for r in rows)
+    lo, hi = rt.wilson(round(digits), n, z=3.3)  # 99.9%
+    assert lo < 0.1 < hi  # a tenth of the digits, as chance gives
+    assert all(r["exact_match"] == 0.0 for r in rows)  # chance exact match is 1 / 30240
+
+
+class HalfCopier(Copier):
+    """Copies when the needle's key is one of the first four markers: right on about
+    half the trials, so every cell needs more than the first trials."""
+
+    def forward(self, idx):
+        out = super().forward(idx)
+        for b in range(idx.shape[0]):
+            if idx[b, -5].item() not in SYM.keys[:4]:
+                out[b] = out[b].roll(1, -1)
+        return out
+
+
+def test_a_cell_near_half_scores_trials_until_its_interval_is_narrow():
+    cap = rt.trials_for(0.05)
+    (r,) = rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], digits=5, seed=0)
+    assert 0.3 < r["exact_match"] < 0.7
+    assert r["trials"] > 40
+    assert (r["exact_hi"] - r["exact_lo"]) / 2 <= 0.05 or r["trials"] == cap
+    assert r["trials"] <= cap
+
+
+def test_lengths_a_model_cannot_represent_are_not_applicable():
+    class Short(Copier):
+        def check_length(self, length):
+            if length > 24:
+                raise ValueError("longer than the table")
+
+    rows = rt.evaluate_grid(Short(), FILLER, SYM, [24, 48], depths=[0.0], digits=5)
+    assert rows[0]["exact_match"] == 1.0
+    assert math.isnan(rows[1]["exact_match"]) and rows[1]["trials"] == 0
+    assert "longer than the table" in rows[1]["note"]
+
+
+@pytest.mark.parametrize("k,n", [(81, 263), (15, 148), (0, 20), (1, 29), (29, 29), (50, 100), (3, 1000)])
+def test_wilson_interval_against_scipy(k, n):
+    ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    lo, hi = rt.wilson(k, n)
+    assert lo == pytest.approx(ref.low, abs=1e-6) and hi == pytest.approx(ref.high, abs=1e-6)
+
+
+@pytest.mark.parametrize("half", [0.05, 0.1, 0.02])
+def test_trials_for_bounds_the_interval_at_any_proportion(half):
+    n = rt.trials_for(half)
+    widest = max((rt.wilson(k, n)[1] - rt.wilson(k, n)[0]) / 2 for k in range(n + 1))
+    assert widest <= half + 1e-9
+    fewer = max((rt.wilson(k, n - 1)[1] - rt.wilson(k, n - 1)[0]) / 2 for k in range(n))
+    assert fewer > half
+
+
+def test_a_retrieval_run_trains_is_scored_and_logs_its_grid(make_cfg, tmp_path):
+    """task=retrieval end to end on the real corpus: the data module's windows, a short
+    run, the grid CLI (pipelines.retrieval) and the MLflow metrics at step = length."""
+    import mlflow
+    from hydra.utils import instantiate
+
+    from pipelines import retrieval as grid_cli
+    from posenc.train import train
+
+    cfg = make_cfg("task=retrieval", "encoding=alibi", "trainer.max_steps=30")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    x, y = next(iter(dm.train_dataloader()))
+    again = next(iter(dm.train_dataloader()))
+    assert torch.equal(x, again[0]) and x.shape == (8, 32)
+    assert ((y != rt.IGNORE).sum(-1) == 5).all()  # the answer digits alone are scored
+    val = [b[0] for b in dm.val_dataloader()][:2]
+    assert all(torch.equal(a, b) for a, b in zip(val, [b[0] for b in dm.val_dataloader()][:2]))
+    run = tmp_path / "retrieval-run"
+    metrics = train(cfg, out_dir=run)
+    assert 0 <= metrics["val/acc"] <= 1 and metrics["global_step"] == 30
+    assert grid_cli.main([str(run), "--multipliers", "1", "2"]) == 0
+    rows = pd.read_csv(run / "retrieval.csv")
+    assert len(rows) == 10 and set(rows["length"]) == {32, 64} and (rows["trials"] >= 40).all()
+    run_id = rows["run_id"].iloc[0]
+    client = mlflow.MlflowClient(cfg.logger.tracking_uri)
+    hist = client.get_metric_history(run_id, "retrieval/exact_match")
+    means = rows.groupby("length")["exact_match"].mean()
+    assert sorted((m.step, round(m.value, 9)) for m in hist) == [(k, round(v, 9)) for k, v in means.items()]
+    assert [a.path for a in client.list_artifacts(run_id, "retrieval")] == ["retrieval/retrieval.csv"]
+    train(make_cfg("task=lm", "trainer.max_steps=2", "run_name=lm-run"), out_dir=tmp_path / "lm-run")
+    with pytest.raises(SystemExit):  # a run of another task is refused
+        grid_cli.main([str(tmp_path / "lm-run")])
+
+
+def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_would(tmp_path, data_root, cache_dir):
+    """pipelines.study scores a retrieval run's grids (plain, a zero-shot rule, a
+    fine-tuned run) one (length, depth) cell per job on its pool: the results file holds
+    every cell once, in order, with the same values as the whole grid scored in one
+    process, each grid is written beside its run, and the cells' seconds are recorded."""
+    import json
+
+    from pipelines import study
+    from pipelines.retrieval import score_cells
+
+    common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
+              "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
+              "data.batch_size=4 trainer.max_steps=3 trainer.val_check_interval=3 trainer.limit_val_batches=1 "
+              "log_checkpoint=false logger.experiment_name=study-retrieval")
+    out = tmp_path / "grid.csv"
+    rc = study.main(["rope", "--tasks", "retrieval", "--seeds", "0", "--workers", "2", "--runs-dir",
+                     str(tmp_path / "runs"), "--results", str(tmp_path / "r.json"), "--multipliers", "1", "2",
+                     "--extensions", "yarn", "ntk", "pi@2x2", "--retrieval-extensions", "yarn", "pi@2x2",
+                     "--common", common, "--retrieval", "data.seq_len=16 model.max_len=64",
+                     "--retrieval-results", str(out), "--half-width", "0.2"])
+    assert rc == 0
+    rows = pd.read_csv(out, keep_default_na=False)
+    assert list(rows.groupby("scheme", sort=False).size().items()) == [
+        ("rope", 10), ("rope+pi+ft2L", 10), ("rope+yarn", 10)]  # ntk is no retrieval rule here
+    assert list(rows["extension"].unique()) == ["", "pi@2x2", "yarn"]
+    for scheme, g in rows.groupby("scheme"):
+        assert list(zip(g["length"], g["depth"])) == [(L, d) for L in (16, 32) for d in rt.DEPTHS]
+        assert list(g["multiple"]) == [1] * 5 + [2] * 5
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["retrieval-pi-ft2L-s0", "retrieval-s0"]
+    settings = {"trial_seed": 0, "half_width": 0.2}
+    cells = [(L, d) for L in (16, 32) for d in rt.DEPTHS]
+    whole = {"rope": score_cells(str(runs / "retrieval-s0"), cells, settings),
+             "rope+yarn": score_cells(str(runs / "retrieval-s0"), cells, settings, "yarn"),
+             "rope+pi+ft2L": score_cells(str(runs / "retrieval-pi-ft2L-s0"), cells, settings, None, 16,
+                                         {"scheme": "rope+pi+ft2L", "extension": "pi@2x2"})}
+    for scheme, expected in whole.items():
+        got = rows[rows["scheme"] == scheme]
+        assert list(got["trials"]) == [r["trials"] for r in expected]
+        assert list(got["exact_match"]) == pytest.approx([r["exact_match"] for r in expected])
+        assert list(got["digit_acc"]) == pytest.approx([r["digit_acc"] for r in expected])
+    beside = pd.read_csv(runs / "retrieval-s0" / "retrieval-yarn.csv")
+    assert len(beside) == 10 and set(beside["scheme"]) == {"rope+yarn"}
+    assert len(pd.read_csv(runs / "retrieval-pi-ft2L-s0" / "retrieval.csv")) == 10
+    (record,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert record["task"] == "retrieval" and record["eval_s"] > 0 and "rows" not in record
+
+
+@pytest.mark.parametrize("setting,match", [("data.seq_len=8", "a window of 8 tokens cannot hold"),
+                                           ("task.digits=11", "at most 10"), ("task.needles=0", "at least one")])
+def test_a_window_that_cannot_be_built_is_refused_before_anything_is_written(make_cfg, setting, match):
+    from posenc.errors import ConfigError
+    from posenc.train import check_config
+
+    with pytest.raises(ConfigError, match=f"task=retrieval with .*{match}"):
+        check_config(make_cfg("task=retrieval", setting))
+    check_config(make_cfg("task=retrieval", "data.seq_len=13"))  # 1 needle of 5 digits, its query and 1 filler token
