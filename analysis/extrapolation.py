@@ -146,29 +146,29 @@ def _draw(ax, data, y: str, style, multi_seed: bool, reference: bool = False, ra
         kws.update(zorder=2.5 + 0.01 * rank)
     sns.lineplot(
         data=d, x="eval_len", y=y, estimator="mean", errorbar=("ci", 95) if multi_seed else None,
-        n_boot=1000, seed=0, ax=ax, legend=False, lw=1.6 if reference else _sizes(rank)[0],
-        markersize=4 if reference else _sizes(rank)[1], err_kws={"alpha": 0.12 if reference else 0.18, "lw": 0},
+        n_boot=1000, seed=0, ax=ax, legend=False, lw=1.6 if reference else line_sizes(rank)[0],
+        markersize=4 if reference else line_sizes(rank)[1], err_kws={"alpha": 0.12 if reference else 0.18, "lw": 0},
         **kws,
     )  # fmt: skip
     ax.get_lines()[-1].set_gid(SCHEME_GID + style.name)
 
 
-def _handle(style, reference: bool = False, rank: int = 0):
+def legend_handle(style, reference: bool = False, rank: int = 0):
     """A legend entry drawn as the scheme's line is (``rank``: its drawing order in the panel)."""
     if reference:
         return plt.Line2D([], [], color=REFERENCE_COLOR, linestyle=REFERENCE_LS, marker="o", lw=1.6, markersize=4,
                           label=f"{style.name} (reference)")  # fmt: skip
-    lw, ms = _sizes(rank)
+    lw, ms = line_sizes(rank)
     return plt.Line2D([], [], lw=lw, markersize=ms, markeredgecolor="w", markeredgewidth=0.75, label=style.label,
                       **style.line_kws())  # fmt: skip
 
 
-def _sizes(rank: int) -> tuple[float, float]:
+def line_sizes(rank: int) -> tuple[float, float]:
     """Line width and marker size of the scheme drawn ``rank``-th in its panel."""
     return max(LW - LW_STEP * rank, 1.0), max(MS - MS_STEP * rank, 4.0)
 
 
-def _log_axis(ax) -> None:
+def log_axis(ax) -> None:
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     ax.yaxis.set_major_locator(FixedLocator(_ppl_ticks(lo, hi)))
@@ -268,14 +268,14 @@ def plot(
         for r in (2 * i, 2 * i + 1):
             for ax in axes[r]:
                 ax.set_yscale("log")
-            _log_axis(axes[r, 0])
+            log_axis(axes[r, 0])
     # one legend per column, in a row of its own under the panels
     for c, fam in enumerate(columns):
         lax = fig.add_subplot(gs[-1, c])
         lax.axis("off")
-        handles = [_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
+        handles = [legend_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
         members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
-        handles += [_handle(st[s], rank=rank) for rank, s in enumerate(members)]
+        handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members)]
         lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
                    columnspacing=1.2, borderaxespad=0.0)  # fmt: skip
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import pandas as pd
-
 from posenc.files import write_text
 
 from .gather import per_scheme, study_schemes
@@ -36,12 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     from analysis import reach, retrieval
 
     schemes = study_schemes(a.params) if a.params else None
-    grids = retrieval.read(list(per_scheme(a.results, schemes, "retrieval results").values()))
-    reach_rows = pd.concat([pd.read_csv(f) for f in per_scheme(a.reach, schemes, "attention reach").values()],
-                           ignore_index=True)
-    extrapolation = pd.concat([pd.read_csv(f) for f in per_scheme(
-        [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()],
-        ignore_index=True)
+    every = retrieval.read_csvs(list(per_scheme(a.results, schemes, "retrieval results").values()))
+    grids = every[every["trials"] > 0]  # not the lengths a model cannot represent (a learned table past L)
+    reach_rows = retrieval.read_csvs(list(per_scheme(a.reach, schemes, "attention reach").values()))
+    extrapolation = retrieval.read_csvs(list(per_scheme(
+        [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
     written = retrieval.plot_grid(grids, f"{a.out_dir}/grid")
     written += retrieval.plot_curves(grids, extrapolation, f"{a.out_dir}/curves")
     summary = reach.summary(reach_rows.to_dict("records"))
@@ -49,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     table, reach_table = retrieval.table_markdown(grids), retrieval.reach_markdown(summary)
     written += [write_text(f"{a.md_dir}/retrieval_table.md", table),
                 write_text(f"{a.md_dir}/reach_table.md", reach_table)]
-    written += [write_text(a.tidy, grids.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
+    written += [write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
                     index=False, lineterminator="\n")),
                 write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
                     index=False, lineterminator="\n"))]

@@ -324,3 +324,52 @@ def test_a_window_that_cannot_be_built_is_refused_before_anything_is_written(mak
     with pytest.raises(ConfigError, match=f"task=retrieval with .*{match}"):
         check_config(make_cfg("task=retrieval", setting))
     check_config(make_cfg("task=retrieval", "data.seq_len=13"))  # 1 needle of 5 digits, its query and 1 filler token
+
+
+def test_the_retrieval_summary_tables_hold_the_means_over_depths_and_name_every_scheme(tmp_path):
+    """pipelines.retrieval_summary on hand-made files: the table's exact match at a length
+    is the mean over depths of the cells, its interval the mean of their bounds, a length
+    a scheme cannot represent is n/a, a scheme with a header alone (no retrieval runs)
+    is left out of the retrieval table, and the reach table gives the mean over heads,
+    layers and seeds beside uniform attention."""
+    from analysis.reach import COLUMNS, uniform_causal
+    from pipelines import retrieval_summary
+
+    def grid(scheme, score):  # score(multiple, depth) -> exact match
+        return [{"scheme": scheme, "extension": "", "seed": 0, "train_len": 8, "run_id": "r", "multiple": m,
+                 "length": 8 * m, "depth": d, "trials": 40 if score(m, d) is not None else 0,
+                 "exact_match": score(m, d) if score(m, d) is not None else math.nan, "exact_lo": 0.1,
+                 "exact_hi": 0.9, "digit_acc": 0.5, "note": ""} for m in (1, 2) for d in rt.DEPTHS]
+
+    files = {"none": grid("none", lambda m, d: 0.5 * d), "learned": grid("learned", lambda m, d: 1.0 if m == 1 else None),
+             "xpos": []}
+    res, reach_files, ex_files = [], [], []
+    for scheme, rows in files.items():
+        res.append(rt.write_rows(rows, tmp_path / "ret" / f"{scheme}.csv"))
+        reach_rows = [{"scheme": scheme, "seed": s, "train_len": 8, "multiple": m, "length": 8 * m, "layer": lay,
+                       "head": h, "distance": 1.0 + s + lay + h, "entropy": 0.5 * m, "uniform_distance": (8 * m - 1) / 4,
+                       "uniform_entropy": uniform_causal(8 * m)[1]}
+                      for s in (0, 1) for m in (1, 2) for lay in (0, 1) for h in (0, 1)]
+        reach_files.append(rt.write_rows(reach_rows, tmp_path / "reach" / f"{scheme}.csv", COLUMNS))
+        ex = pd.DataFrame([{"scheme": scheme, "seed": 0, "train_len": 8, "eval_len": 8 * m, "method": "nonoverlapping",
+                            "ppl": 2.0 * m} for m in (1, 2)])
+        ex_files.append(tmp_path / "ex" / f"{scheme}.csv")
+        ex_files[-1].parent.mkdir(exist_ok=True)
+        ex.to_csv(ex_files[-1], index=False)
+    assert retrieval_summary.main([*map(str, res), "--reach", *map(str, reach_files), "--extrapolation",
+                                   *map(str, ex_files), "--out-dir", str(tmp_path / "fig"), "--md-dir", str(tmp_path),
+                                   "--tidy", str(tmp_path / "tidy.csv"), "--reach-tidy", str(tmp_path / "reach.csv")]) == 0
+    table = (tmp_path / "retrieval_table.md").read_text().splitlines()
+    none = next(line for line in table if line.startswith("| `none`"))
+    assert none.split(" | ")[1:3] == ["25 [10, 90]", "25 [10, 90]"]  # mean of 0, 12.5, 25, 37.5, 50
+    learned = next(line for line in table if line.startswith("| `learned`"))
+    assert learned.split(" | ")[1:3] == ["100 [10, 90]", "n/a"]
+    assert not any("`xpos`" in line for line in table)
+    reach_table = (tmp_path / "reach_table.md").read_text()
+    # distance: mean over seeds (0, 1), layers (0, 1), heads (0, 1) of 1 + s + l + h = 2.5
+    assert "| `none` | 2.5 | 2.5 | 0.50 | 1.00 |" in reach_table and "| `xpos` | 2.5 |" in reach_table
+    assert "| uniform causal | 1.8 | 3.8 |" in reach_table
+    tidy = pd.read_csv(tmp_path / "tidy.csv")  # every row, the lengths a scheme cannot represent too
+    assert len(tidy) == 20 and tidy["trials"].eq(0).sum() == 5 and set(tidy["scheme"]) == {"none", "learned"}
+    for name in ("grid", "curves", "reach"):
+        assert (tmp_path / "fig" / f"{name}.png").stat().st_size > 0
