@@ -53,28 +53,27 @@ def chromium(*args: str, size: str = "1600,900", timeout: int = 120) -> str:
     return r.stdout
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.browse", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--store", default="mlflow.db", help="the SQLite store (default: mlflow.db here)")
-    p.add_argument("--experiment", default="posenc")
-    p.add_argument("--out-dir", default="docs/screenshots", help="where mlflow-runs.png and mlflow-run.png go")
-    a = p.parse_args(argv)
+    p.add_argument("--store", type=Path, default=Path("mlflow.db"), help="the SQLite store (default: mlflow.db here)")
+    p.add_argument("--experiment", default="posenc", help="the experiment whose runs table and newest run are shown")
+    p.add_argument("--out-dir", type=Path, default=Path("docs/screenshots"),
+                   help="where mlflow-runs.png and mlflow-run.png go")
+    return p.parse_args(argv)
 
-    import mlflow
 
-    from posenc.tracking import sqlite_uri, ui_url
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+
+    from posenc.tracking import runs_of, sqlite_uri, ui_url
 
     uri = sqlite_uri(a.store)
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(a.experiment)
-    if exp is None:
-        print(f"error: no experiment {a.experiment!r} in {a.store}", file=sys.stderr)
-        return 1
-    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+    runs = runs_of(uri, a.experiment)
     if not runs:
-        print(f"error: experiment {a.experiment!r} has no runs", file=sys.stderr)
+        print(f"error: no experiment {a.experiment!r} with runs in {a.store}", file=sys.stderr)
         return 1
+    exp_id = runs[0].info.experiment_id
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
@@ -84,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     try:
         wait_for(base + "/")
-        table = ui_url(exp.experiment_id, base=base)
+        table = ui_url(exp_id, base=base)
         dom = chromium("--dump-dom", table)
         chromium(f"--screenshot={out / 'mlflow-runs.png'}", table)
         if "Run Name" not in dom or "Evaluation runs" in dom:
             problems.append(f"{table} shows no runs table, or the GenAI view")
         problems += [f"run {r.info.run_name!r} is not in the runs table" for r in runs if r.info.run_name not in dom]
         run = runs[0]
-        page = ui_url(exp.experiment_id, run.info.run_id, base)
+        page = ui_url(exp_id, run.info.run_id, base)
         dom = chromium("--dump-dom", page)
         chromium(f"--screenshot={out / 'mlflow-run.png'}", page, size="1600,1300")  # down to its metrics
         if "val/loss" not in dom or "Evaluation runs" in dom:

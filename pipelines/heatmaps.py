@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from posenc.files import write_json
+from posenc.runs import RunFolder
 
 TASKS = ("mlm", "lm")  # the masked-LM runs when there are any
 
@@ -39,7 +40,7 @@ def checkpoints(runs_file: str | Path, tasks: tuple[str, ...] = TASKS) -> list[P
     task = next((t for t in tasks if any(r["task"] == t for r in runs)), None)
     if task is None:
         raise SystemExit(f"{runs_file}: no {' or '.join(tasks)} runs")
-    ckpts = [Path(r["run_dir"]) / "checkpoints" / "last.ckpt" for r in sorted(runs, key=lambda r: r["seed"])
+    ckpts = [RunFolder(r["run_dir"]).last for r in sorted(runs, key=lambda r: r["seed"])
              if r["task"] == task]
     missing = [str(c) for c in ckpts if not c.is_file()]
     if missing:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.reach import COLUMNS, checkpoint_reach
         from posenc.retrieval import write_rows
 
-        rules = [None] + [e for e in a.extensions if "@" not in e]
+        rules = [None] + [e for spec in a.extensions for e in spec.split() if "@" not in e]  # "a b" from DVC
         has_lm = any(r["task"] == "lm" for r in json.loads(Path(a.runs).read_text())["runs"])
         ckpts = checkpoints(a.runs, ("lm",)) if has_lm else []  # no causal-LM runs: a header alone
         rows = [r for c in ckpts for e in rules for r in checkpoint_reach(c, a.multipliers, e)]

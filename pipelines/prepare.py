@@ -15,9 +15,8 @@ import os
 
 from hydra.utils import instantiate
 
+from posenc.config import compose
 from posenc.files import portable_path, write_json
-
-from .common import compose_config
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True, help="JSON record to write")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data=tinyshakespeare")
     a = p.parse_args(argv)
-    cfg = compose_config(a.overrides)
+    cfg = compose(a.overrides)
     dm = instantiate(cfg.data)
     dm.prepare_data()
     meta = dm.prepared.meta

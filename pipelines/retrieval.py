@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from pathlib import Path
 
 
@@ -64,18 +63,15 @@ def log_grid(rows: list[dict], run_id: str | None, uri: str, extension: str | No
     """MLflow metrics of a run's grid: mean over depths at step = length."""
     if run_id is None:
         return
-    import mlflow
     import pandas as pd
-    from mlflow.entities import Metric
 
-    client = mlflow.MlflowClient(uri)
-    now = int(time.time() * 1000)
+    from posenc import tracking
+
     tail = f"_{extension}" if extension else ""
     means = pd.DataFrame(rows).groupby("length")[["exact_match", "digit_acc"]].mean().dropna()  # n/a lengths
-    client.log_batch(run_id, metrics=[Metric(f"retrieval/{k}{tail}", float(v), now, int(length))
-                                      for length, row in means.iterrows() for k, v in row.items()])
-    for f in files:
-        client.log_artifact(run_id, str(f), artifact_path="retrieval")
+    c = tracking.client(uri)
+    tracking.log_curves(c, run_id, {f"retrieval/{k}{tail}": list(means[k].items()) for k in means.columns})
+    tracking.log_files(c, run_id, files, "retrieval")
 
 
 def finish_grid(run_dir: str, rows: list[dict], uri: str, extension: str | None = None) -> list[dict]:
@@ -83,9 +79,10 @@ def finish_grid(run_dir: str, rows: list[dict], uri: str, extension: str | None 
     (``retrieval[-<rule>].csv``, the zero-shot rule it was scored with) and logged
     to its MLflow run."""
     from posenc.retrieval import write_rows
+    from posenc.runs import RunFolder
 
     rows = sorted(rows, key=lambda r: (r["length"], r["depth"]))
-    path = write_rows(rows, Path(run_dir) / f"retrieval{'-' + extension if extension else ''}.csv")
+    path = write_rows(rows, RunFolder(run_dir).grid(extension))
     log_grid(rows, rows[0]["run_id"], uri, extension, [path])
     return rows
 

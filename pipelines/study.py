@@ -112,12 +112,13 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     here: its ``grids`` (the run with each zero-shot rule, and each fine-tuned run)
     name what the pool scores cell by cell (``pipelines.retrieval.score_cells``)."""
     started = time.time()
-    from pipelines.common import compose_config
     from posenc import evaluate as ev
+    from posenc.config import compose
+    from posenc.runs import RunFolder
     from posenc.train import train
 
     base = [f"encoding={scheme}", f"task={task}", f"seed={seed}", *overrides]
-    cfg = compose_config(base)
+    cfg = compose(base)
     t = time.perf_counter()
     metrics = train(cfg, out_dir=out_dir)
     train_s = time.perf_counter() - t
@@ -138,7 +139,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
             continue
         tuned_dir = str(Path(out_dir).with_name(f"{task}-{rule}-ft{mult}L-s{seed}"))  # beside the study's runs
         t = time.perf_counter()
-        train(compose_config(base + finetune_overrides(cfg, rule, mult, steps, f"{out_dir}/checkpoints/last.ckpt")),
+        train(compose(base + finetune_overrides(cfg, rule, mult, steps, str(RunFolder(out_dir).last))),
               out_dir=tuned_dir)
         train_s += time.perf_counter() - t
         label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "extension": spec}
@@ -172,12 +173,10 @@ def grid_cells(grid: dict, lengths: list[int]) -> list[tuple[int, float]]:
 def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
     """What the runs were made with: digests of the shared code, of the scheme, and of the
     study's settings (the data by the token checksum its runs recorded)."""
-    import json
-
     from posenc.fingerprint import files_digest, json_digest, scheme_fingerprint
+    from posenc.runs import RunFolder
 
-    tokens = sorted({json.loads((Path(r["run_dir"]) / "run.json").read_text())["identity"]["data.tokens_sha256"]
-                     for r in done})
+    tokens = sorted({RunFolder(r["run_dir"]).info()["identity"]["data.tokens_sha256"] for r in done})
     settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
                 "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
     if "retrieval" in a.tasks:  # added only with the task: the digests of the other studies stay as they were
@@ -217,6 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--half-width", type=float, default=0.05,
                    help="largest half-width of a retrieval cell's 95%% interval")
     a = p.parse_args(argv)
+    # a list may come as one string ("pi yarn", or "" for none: DVC passes it quoted, since an
+    # empty value would leave two spaces in the command, which its lock file does not keep)
+    a.extensions = [x for e in a.extensions for x in e.split()]
+    a.retrieval_extensions = [x for e in a.retrieval_extensions for x in e.split()]
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
     if "lm" in a.tasks and not a.extrapolation:

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from posenc.config import compose
 
-from posenc import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,8 +88,7 @@ def make_cfg(tmp_path, data_root, cache_dir):
 
     def make(*overrides: str):
         base = [f"paths.root={tmp_path}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            return compose("train", overrides=base + FAST + list(overrides))
+        return compose(base + FAST + list(overrides))
 
     return make
 

@@ -1,9 +1,16 @@
-"""Callbacks the tests inject through the ``callbacks`` config group."""
+"""Callbacks the tests inject through the ``callbacks`` config group, and the
+language-modelling loss of a bare model."""
 
 import os
 import signal
 
 import lightning as L
+import torch.nn.functional as F
+
+
+def lm_loss(model, idx, targets, ignore_index: int = -100):
+    """Cross-entropy of a ``posenc.model.Transformer`` on targets, as ``LMModule`` scores it."""
+    return F.cross_entropy(model(idx).flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
 
 class SignalAt(L.Callback):

@@ -92,7 +92,7 @@ def results() -> dict[str, str]:
 
 
 def source_of(name: str) -> Path:
-    """The file a mutant belongs to (``posenc.encodings.bias.x...`` -> src/posenc/encodings/bias.py)."""
+    """The file a mutant belongs to (``posenc.encodings.position_bias.x...`` -> src/posenc/encodings/position_bias.py)."""
     module = name.split(".x", 1)[0] if ".x" in name else name.rsplit(".", 1)[0]
     return Path("src", *module.split(".")).with_suffix(".py")
 

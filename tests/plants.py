@@ -20,15 +20,15 @@ from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parents[1])
 PLANTS = [
-    ("ALiBi sign flipped (+slope|i-j|)", "src/posenc/encodings/bias.py",
+    ("ALiBi sign flipped (+slope|i-j|)", "src/posenc/encodings/position_bias.py",
      "return -self.slopes[:, None] * rel.abs()", "return self.slopes[:, None] * rel.abs()"),
-    ("ALiBi slopes on the wrong heads", "src/posenc/encodings/bias.py",
+    ("ALiBi slopes on the wrong heads", "src/posenc/encodings/position_bias.py",
      "return -self.slopes[:, None] * rel.abs()", "return -self.slopes.flip(0)[:, None] * rel.abs()"),
-    ("ALiBi one-sided in bidirectional attention", "src/posenc/encodings/bias.py",
+    ("ALiBi one-sided in bidirectional attention", "src/posenc/encodings/position_bias.py",
      "return -self.slopes[:, None] * rel.abs()", "return -self.slopes[:, None] * rel.clamp(max=0).abs()"),
-    ("T5 with self.causal for not self.causal", "src/posenc/encodings/bias.py",
+    ("T5 with self.causal for not self.causal", "src/posenc/encodings/position_bias.py",
      "t5_relative_bucket(rel, not self.causal,", "t5_relative_bucket(rel, self.causal,"),
-    ("T5 with rel negated", "src/posenc/encodings/bias.py",
+    ("T5 with rel negated", "src/posenc/encodings/position_bias.py",
      "t5_relative_bucket(rel, not self.causal,", "t5_relative_bucket(-rel, not self.causal,"),
     ("learned table: one vector for every position", "src/posenc/encodings/absolute.py",
      "LAST:return self.table[pos].to(x.dtype)", "return self.table[pos * 0].to(x.dtype)"),

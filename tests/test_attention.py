@@ -25,7 +25,7 @@ import torch
 
 import posenc.attention as attention_module
 from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention
-from posenc.encodings import ALiBi
+from posenc.encodings import ALiBi, PositionalScheme
 from posenc.model import ModelConfig, Transformer
 
 from .references import dense_attention, dense_model
@@ -173,18 +173,42 @@ def test_causal_mask_values_and_dtype():
         assert m.tolist() == [[0.0, 0.0, inf, inf], [0.0, 0.0, 0.0, inf]]
 
 
-class _ScaledALiBi(ALiBi):
-    """ALiBi times a learned per-head factor, declared as a bias that depends on q and k (it
-    does not): its bias has batch size 1, which the recomputing backward must broadcast."""
-
-    position_only_bias = False
+class _ScaledALiBi(PositionalScheme):
+    """ALiBi times a learned per-head factor, written as a content bias (it reads neither q
+    nor k): its bias has batch size 1, which the recomputing backward must broadcast."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
+        self.alibi = ALiBi(**kw)
         self.factor = torch.nn.Parameter(torch.linspace(0.5, 1.5, self.n_heads))
 
-    def bias(self, q, k, q_pos, k_pos):
-        return super().bias(q, k, q_pos, k_pos) * self.factor[None, :, None, None]
+    def content_bias(self, q, k, q_pos, k_pos):
+        return self.alibi.position_bias(q_pos, k_pos) * self.factor[None, :, None, None]
+
+
+def trains_as_the_distance_formula(sch, causal: bool, per_head, params: list) -> tuple:
+    """One layer of ``sch`` in training mode at 24 positions, over several row blocks of the
+    recomputing backward (the route it must take): its output and the gradients of its
+    input, its projections and ``params`` equal autograd through the formula written here,
+    q·k / sqrt(d) - per_head()_h |i - j|. Returns (layer, input, positions, formula logits)."""
+    attn = Attention(D, H, sch, causal).train()
+    h = torch.randn(3, 24, D, requires_grad=True)
+    pos = torch.arange(24)
+    assert attn.route(h, pos) == RECOMPUTED
+    y = attn(h, pos)
+    from .references import dense_qkv
+
+    q, k, v = dense_qkv(attn, h)
+    dist = (pos[None, :] - pos[:, None]).abs().float()
+    formula = q @ k.mT / math.sqrt(D // H) - per_head()[:, None, None] * dist
+    masked = formula.masked_fill(pos[None, :] > pos[:, None], float("-inf")) if causal else formula
+    ref = (masked.softmax(-1) @ v).transpose(1, 2).reshape(3, 24, D) @ attn.out.weight.T + attn.out.bias
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    params = [h, attn.qkv.weight, *params]
+    upstream = torch.randn_like(y)
+    for a, b in zip(grads(y, upstream, params), grads(ref, upstream, params)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
+    return attn, h, pos, formula
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -192,25 +216,98 @@ def test_a_content_bias_of_batch_one_trains_right(causal, monkeypatch):
     """A scheme declared content-dependent whose bias has batch size 1 takes the recomputing
     backward; its gradients (input, projections, the factor) equal autograd through the
     formula -factor_h m_h |i - j| written here, over several row blocks."""
+    from .references import alibi_slope
+
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
     torch.manual_seed(3)
     sch = _ScaledALiBi(d_model=D, n_heads=H, max_len=64, causal=causal)
-    attn = Attention(D, H, sch, causal).train()
-    h = torch.randn(3, 24, D, requires_grad=True)
-    pos = torch.arange(24)
-    assert attn.route(h, pos) == RECOMPUTED
-    y = attn(h, pos)
-    from .references import alibi_slope, dense_qkv
-
-    q, k, v = dense_qkv(attn, h)
     slopes = torch.tensor([alibi_slope(i, H) for i in range(H)])
+    trains_as_the_distance_formula(sch, causal, lambda: sch.factor * slopes, [sch.factor])
+
+
+class _OnlyABias(PositionalScheme):
+    """-w_h |i - j| / 4 from positions, with a learned w per head, and nothing else: no
+    flag says that it has a bias, what kind, or how attention should compute it."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, self.n_heads))
+
+    def absolute_bias(self, q_pos, k_pos):
+        dist = (k_pos[None, :] - q_pos[:, None]).abs().to(self.w.dtype)
+        return -self.w[None, :, None, None] * dist / 4
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_scheme_that_defines_only_a_bias_trains_with_it_and_its_logits_and_terms_agree(causal, monkeypatch):
+    """What a scheme is follows from the parts it defines: a class with a bias and no flags
+    trains with its bias (the recomputing route, output and gradients equal to the
+    formula written here over several row blocks), ``logits`` holds the same bias, and
+    its terms sum to those logits with the bias as position-position."""
+    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
+    assert _OnlyABias.has_bias and _OnlyABias.position_only_bias and not _OnlyABias.uses_value_term
+    assert _OnlyABias.family() == "position bias"
+    torch.manual_seed(4)
+    sch = _OnlyABias(d_model=D, n_heads=H, max_len=64, causal=causal)
+    attn, h, pos, formula = trains_as_the_distance_formula(sch, causal, lambda: sch.w / 4, [sch.w])
     dist = (pos[None, :] - pos[:, None]).abs().float()
-    logits = q @ k.mT / math.sqrt(D // H) - (sch.factor * slopes)[:, None, None] * dist
-    if causal:
-        logits = logits.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
-    ref = (logits.softmax(-1) @ v).transpose(1, 2).reshape(3, 24, D) @ attn.out.weight.T + attn.out.bias
-    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
-    params = [h, sch.factor, attn.qkv.weight]
-    upstream = torch.randn_like(y)
-    for a, b in zip(grads(y, upstream, params), grads(ref, upstream, params)):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
+    with torch.no_grad():
+        logits = attn.logits(*attn.project(h)[:2], pos, pos)
+        torch.testing.assert_close(logits, formula, atol=1e-5, rtol=1e-5)
+        terms = attn.terms(h, None, pos)
+        assert set(terms) == {"word-word", "position-position"}
+        torch.testing.assert_close(sum(terms.values()), logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(terms["position-position"][0], (-sch.w[:, None, None] * dist / 4), atol=1e-6,
+                                   rtol=1e-6)
+
+
+def test_a_scheme_that_sets_what_its_parts_decide_is_refused_when_its_class_is_made():
+    """Flags that must agree with the parts, or the composite bias, cannot be set by a
+    class: the mismatch the old flags allowed (a bias that training ignores) cannot be written."""
+    with pytest.raises(TypeError, match="_Flagged defines has_bias.*relative_bias"):
+        class _Flagged(PositionalScheme):
+            has_bias = True
+
+    with pytest.raises(TypeError, match="_OldStyle defines bias.*absolute_bias"):
+        class _OldStyle(PositionalScheme):
+            def bias(self, q, k, q_pos, k_pos):
+                return None
+
+    with pytest.raises(ValueError, match="'bias' is not a part"):
+        PositionalScheme.defines("bias")
+
+
+@pytest.mark.parametrize("name,instances", [("t5_bias", 1), ("kerple", 3), ("shaw", 0), ("rope", 0)])
+def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, monkeypatch):
+    """The model plans a forward once (``plan_attention``: one route, one mask per
+    position-only scheme instance: T5's one shared table, KERPLE's one per layer, none for
+    a content bias or no bias) and hands the plan to every layer; a layer called alone
+    plans for itself with the same planner, and its output is the same as inside the model."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, d_ff=64, max_len=64)
+    model = Transformer(cfg, factory(name)).eval()
+    calls = {"route": 0, "mask": 0}
+    route, mask = Attention.route, Attention.position_mask
+
+    def counted_route(self, *a, **kw):
+        calls["route"] += 1
+        return route(self, *a, **kw)
+
+    def counted_mask(self, *a, **kw):
+        calls["mask"] += 1
+        return mask(self, *a, **kw)
+
+    monkeypatch.setattr(Attention, "route", counted_route)
+    monkeypatch.setattr(Attention, "position_mask", counted_mask)
+    idx, pos = torch.randint(0, V, (2, 16)), torch.arange(16)
+    seen = []
+    hook = model.blocks[1].attn.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
+    with torch.no_grad():
+        model(idx)
+    hook.remove()
+    assert calls == {"route": 1, "mask": instances}
+    (h, inside), = seen
+    with torch.no_grad():
+        alone = model.blocks[1].attn(h, pos)
+    assert calls["route"] == 2  # the layer alone planned for itself
+    torch.testing.assert_close(alone, inside, rtol=0, atol=0)

@@ -178,5 +178,5 @@ def test_unknown_scheme_is_refused():
 
 
 def test_quadratic_fit_is_exact():
-    f = bench._quadratic([(16, 3 * 16**2 + 5 * 16 + 7), (32, 3 * 32**2 + 5 * 32 + 7), (48, 3 * 48**2 + 5 * 48 + 7)])
+    f = bench.quadratic_fit([(16, 3 * 16**2 + 5 * 16 + 7), (32, 3 * 32**2 + 5 * 32 + 7), (48, 3 * 48**2 + 5 * 48 + 7)])
     assert f(4096) == pytest.approx(3 * 4096**2 + 5 * 4096 + 7, rel=1e-12)

@@ -23,13 +23,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from posenc.config import compose
 from omegaconf import OmegaConf
 
 from analysis import correlations as corr
 from analysis import heatmaps
 from analysis import terms as term_stats
-from posenc import CONFIG_DIR
 from posenc.encodings.base import TERM_NAMES
 from posenc.runs import load_module, run_data
 from posenc.train import train
@@ -108,8 +107,7 @@ def checkpoints(tmp_path_factory, data_root, cache_dir):
             f"encoding={enc}", f"task={task}", f"data.seq_len={SEQ_LEN}", "trainer.max_steps=4",
             "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "~logger",
         ]  # fmt: skip
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
+        cfg = compose(overrides)
         train(cfg)
         (ckpt,) = (root / "outputs" / "runs").glob("*/checkpoints/last.ckpt")
         out[enc] = ckpt

@@ -47,6 +47,7 @@ from posenc.encodings import (
 )
 from posenc.model import ModelConfig, Transformer
 
+from .helpers import lm_loss
 from .references import dense_first_layer_logits, dense_model
 from .references import t5_bucket as t5_bucket_reference
 from .schemes import TEST_NAME, YEAR, checked_against, config_roots, defined_tests, discover, factory, scheme_class
@@ -706,9 +707,9 @@ def test_tupe_parts_and_defaults():
     assert tuple(build("tupe", untie_cls=True).theta.shape) == (2, H)
     assert build("tupe", relative_bias=False).rel is None
     small = build("tupe")
-    small.bias_parts(torch.arange(L), torch.arange(L))
+    small.absolute_parts(torch.arange(L), torch.arange(L))
     with pytest.raises(ValueError, match="cannot represent"):
-        small.bias_parts(torch.arange(L + 1), torch.arange(L + 1))
+        small.absolute_parts(torch.arange(L + 1), torch.arange(L + 1))
 
 
 def test_learned_table_scale():
@@ -822,7 +823,7 @@ def test_alibi_bias_vs_formula(causal, heads):
     sch = factory("alibi")(d_model=D, n_heads=heads, max_len=L, causal=causal)
     slopes = [2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)]
     for pos in (torch.arange(7), torch.arange(7) + 20, torch.tensor([0, 2, 3, 7, 8, 12, 13])):
-        for got in (sch.bias(None, None, pos, pos), sch.position_bias(pos)):
+        for got in (sch.bias(None, None, pos, pos), sch.position_bias(pos, pos)):
             assert got.shape == (1, heads, 7, 7)
             got = got[0].tolist()
             for h in range(heads):
@@ -848,7 +849,7 @@ def test_t5_bias_vs_bucket_reference(causal):
     assert len(weight) == sch.num_buckets and len(set(map(tuple, weight))) == sch.num_buckets
     T = 40
     for pos in (torch.arange(T) + 3, torch.arange(0, 5 * T, 5)):  # distances up to 39 and 195
-        for got in (sch.bias(None, None, pos, pos), sch.position_bias(pos)):
+        for got in (sch.bias(None, None, pos, pos), sch.position_bias(pos, pos)):
             assert got.shape == (1, H, T, T)
             got = got[0].tolist()
             for i, pi in enumerate(pos.tolist()):
@@ -883,10 +884,6 @@ def first_layer_logits(model: Transformer, idx: torch.Tensor, pos: torch.Tensor)
     return attn.logits(q, k, pos, pos)
 
 
-def overrides(cls: type[PositionalScheme], hook: str) -> bool:
-    return getattr(cls, hook) is not getattr(PositionalScheme, hook)
-
-
 def expected_terms(cls: type[PositionalScheme]) -> tuple[set[str], set[str]]:
     """(terms a scheme must return, terms it may return), from its hooks: an input
     embedding gives all four; a rotation, or a bias from positions alone,
@@ -894,9 +891,9 @@ def expected_terms(cls: type[PositionalScheme]) -> tuple[set[str], set[str]]:
     position-* terms (Transformer-XL's u.k and v.W_R R)."""
     content_bias = cls.has_bias and not cls.position_only_bias
     least = {WW}
-    if overrides(cls, "embed"):
+    if cls.defines("embed"):
         least |= {WP, PW, PP}
-    if overrides(cls, "rotate") or (cls.has_bias and cls.position_only_bias):
+    if cls.defines("rotate") or cls.position_only_bias:
         least |= {PP}
     if content_bias:
         least |= {WP}
@@ -1025,8 +1022,6 @@ class _Hybrid(PositionalScheme):
     """A sinusoidal input embedding, RoPE's rotation and ALiBi's bias in one scheme (no
     shipped scheme has all three, the default ``terms`` handles them together)."""
 
-    has_bias = position_only_bias = True
-
     def __init__(self, **kw):
         super().__init__(**kw)
         self.sin, self.rope, self.alibi = Sinusoidal(**kw), RoPE(**kw), ALiBi(**kw)
@@ -1037,8 +1032,8 @@ class _Hybrid(PositionalScheme):
     def rotate(self, q, k, q_pos, k_pos):
         return self.rope.rotate(q, k, q_pos, k_pos)
 
-    def bias(self, q, k, q_pos, k_pos):
-        return self.alibi.bias(q, k, q_pos, k_pos)
+    def relative_bias(self, rel):
+        return self.alibi.relative_bias(rel)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -1182,13 +1177,32 @@ def test_toeplitz_and_diagonal_sums_vs_indexing(Tq, Tk):
     "name,causal,overrides", variant_params(lambda n, c, o: cls_of(n) is not None and cls_of(n).position_only_bias)
 )
 def test_position_bias_parts_sum_to_bias(name, causal, overrides):
-    """bias = bias_block + toeplitz(relative_bias) for contiguous positions, for every
+    """position_bias (and bias, which the reference path uses) = absolute_bias +
+    relative_bias read at every pair's j - i: for consecutive positions (the Toeplitz
+    layout, square, offset, and with the queries the last rows of the keys) and gapped
+    ones; and absolute_block, a block of rows at a time from absolute_parts (the
+    recomputing backward's blocks), equals those rows of absolute_bias; for every
     scheme with a position-only bias."""
     torch.manual_seed(5)
     sch = build(name, causal, **overrides)
     perturb(sch.parameters())
-    for pos in (torch.arange(9), torch.arange(9) + 4):
-        torch.testing.assert_close(sch.position_bias(pos), sch.bias(None, None, pos, pos), **TOL)
+    gapped = torch.tensor([0, 2, 3, 7, 8, 12])
+    for q_pos, k_pos in ((torch.arange(9), torch.arange(9)), (torch.arange(9) + 4, torch.arange(9) + 4),
+                         (torch.arange(6, 9), torch.arange(9)), (gapped, gapped)):
+        rel = k_pos[None, :] - q_pos[:, None]
+        vals, absolute = sch.relative_bias(rel.flatten()), sch.absolute_bias(q_pos, k_pos)
+        parts = [p for p in (None if vals is None else vals.view(-1, *rel.shape)[None], absolute) if p is not None]
+        want = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+        torch.testing.assert_close(sch.position_bias(q_pos, k_pos), want, **TOL)
+        torch.testing.assert_close(sch.bias(None, None, q_pos, k_pos), want, **TOL)
+    pos = torch.arange(9)
+    shared, full = sch.absolute_parts(pos, pos), sch.absolute_bias(pos, pos)
+    for rows, cols in ((slice(0, 4), slice(0, 4)), (slice(4, 8), slice(0, 8)), (slice(8, 9), slice(0, 9))):
+        block = sch.absolute_block(shared, pos, pos, rows, cols)
+        if full is None:
+            assert block is None
+        else:
+            torch.testing.assert_close(block, full[..., rows, cols], **TOL)
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -1216,7 +1230,7 @@ def test_gradients_reach_positional_parameters(name, causal, overrides):
     model = tiny_model(name, causal, **overrides)
     model.train()
     idx = torch.randint(0, 256, (2, 12))
-    model.loss(idx, torch.roll(idx, -1, 1)).backward()
+    lm_loss(model, idx, torch.roll(idx, -1, 1)).backward()
     params = dict(
         (n, p) for n, p in model.named_parameters() if any(p is q for q in model.positional_parameters())
     )
@@ -1290,7 +1304,7 @@ def test_tiny_model_trains_on_real_text(name, shakespeare):
     for _ in range(steps):
         start = torch.randint(0, train.numel() - T - 1, (B,), generator=g)
         batch = torch.stack([train[s : s + T + 1] for s in start.tolist()])
-        loss = model.loss(batch[:, :-1], batch[:, 1:])
+        loss = lm_loss(model, batch[:, :-1], batch[:, 1:])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -1308,7 +1322,7 @@ def test_tiny_model_trains_on_real_text(name, shakespeare):
     other = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(2))]
     replaced = torch.cat([other[:, :-1], x[:, -1:]], 1)  # the same last byte after another passage
     with torch.no_grad():
-        held_loss = model.loss(held[:n].view(-1, T), held[1 : n + 1].view(-1, T)).item()
+        held_loss = lm_loss(model, held[:n].view(-1, T), held[1 : n + 1].view(-1, T)).item()
         intact = F.cross_entropy(model(x)[:, -1].float(), nxt).item()
         gain = F.cross_entropy(model(replaced)[:, -1].float(), nxt).item() - intact
     assert held_loss < unigram - 0.5, f"{name}: held-out loss {held_loss:.3f}, unigram {unigram:.3f}"

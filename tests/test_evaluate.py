@@ -757,17 +757,15 @@ TRAIN_LEN = 16
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_root, cache_dir):
     """A tiny RoPE run trained 2 steps (seq_len 16) with its own sqlite MLflow store."""
-    from hydra import compose, initialize_config_dir
+    from posenc.config import compose
 
-    from posenc import CONFIG_DIR
     from posenc.train import train
 
     root = tmp_path_factory.mktemp("evaluate")
     base = [f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
     more = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
             f"data.seq_len={TRAIN_LEN}", "log_checkpoint=false"]  # fmt: skip
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=base + FAST + more)
+    cfg = compose(base + FAST + more)
     train(cfg)
     (run_dir,) = (root / "outputs" / "runs").iterdir()
     run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]

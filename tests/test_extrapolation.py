@@ -9,11 +9,10 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from posenc.config import compose
 
-from posenc import CONFIG_DIR
 from posenc import evaluate as ev
-from posenc.module import build_model
+from posenc.config import build_model
 from posenc.train import train
 
 from .conftest import FAST
@@ -23,8 +22,7 @@ TRAIN_LEN, EVAL_BATCH, VAL_BATCHES = 32, 8, 3
 
 def compose_cfg(root, data_root, cache_dir, *overrides):
     base = [f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("train", overrides=base + FAST + list(overrides))
+    return compose(base + FAST + list(overrides))
 
 
 @pytest.fixture(scope="module")

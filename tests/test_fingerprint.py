@@ -69,12 +69,12 @@ def only_b(d):
 class A(PositionalScheme):
     """Scheme A. {doc}"""
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         return shared(math.pi)
 
 
 class B(PositionalScheme):
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         return only_b(shared(1.0))
 '''
 
@@ -94,7 +94,7 @@ def _closure(tmp_path, monkeypatch, tag: str, cls: str, **fields) -> dict[str, s
 
 def test_a_scheme_closure_moves_with_its_own_code_only(tmp_path, monkeypatch):
     a0 = _closure(tmp_path, monkeypatch, "a0", "A")
-    assert {"A", "A.bias", "shared", "SCALE"} <= set(a0)
+    assert {"A", "A.absolute_bias", "shared", "SCALE"} <= set(a0)
     assert "only_b" not in a0 and "B" not in a0 and not any(k.startswith("math") for k in a0)
     assert "posenc.encodings.base.PositionalScheme" in a0  # its base class, from the project
     # another scheme's helper changes: A's closure does not
@@ -111,9 +111,9 @@ def test_every_scheme_has_a_fingerprint_of_its_own():
     prints = {n: scheme_fingerprint(n) for n in names}
     assert len({f["digest"] for f in prints.values()}) == len(names)
     assert prints["alibi"] == scheme_fingerprint("alibi")  # deterministic
-    assert "posenc.encodings.bias.alibi_slopes" in prints["alibi"]["code"]
+    assert "posenc.encodings.position_bias.alibi_slopes" in prints["alibi"]["code"]
     assert not any("FIRE" in k or "T5Bias" in k for k in prints["alibi"]["code"])  # same module, other schemes
-    assert "posenc.encodings.bias.t5_relative_bucket" in prints["tupe"]["code"]  # a helper from another module
+    assert "posenc.encodings.position_bias.t5_relative_bucket" in prints["tupe"]["code"]  # a helper from another module
     with pytest.raises(FileNotFoundError, match="available: .*alibi"):
         scheme_fingerprint("nope")
 
@@ -131,12 +131,12 @@ def test_fingerprint_stage_writes_changed_files_only(tmp_path, capsys):
     assert "alibi: unchanged" in capsys.readouterr().out and (out / "alibi.json").stat().st_mtime_ns == stamp
     # a changed fingerprint: --check says what and exits 1; a scheme that left the study: its file goes
     doc = json.loads((out / "alibi.json").read_text())
-    doc["code"]["posenc.encodings.bias.alibi_slopes"] = "0" * 64
+    doc["code"]["posenc.encodings.position_bias.alibi_slopes"] = "0" * 64
     (out / "alibi.json").write_text(json.dumps(doc))
     params.write_text(yaml.safe_dump({"schemes": {"alibi": {}}}))
     assert fp_cli.main(["--params", str(params), "--out-dir", str(out), "--check"]) == 1
     said = capsys.readouterr().out
-    assert "alibi: changed: code posenc.encodings.bias.alibi_slopes" in said and "none: no longer in" in said
+    assert "alibi: changed: code posenc.encodings.position_bias.alibi_slopes" in said and "none: no longer in" in said
     assert (out / "none.json").exists()  # --check writes nothing
     assert fp_cli.main(["--params", str(params), "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["alibi.json"]

@@ -27,9 +27,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from posenc.config import compose
 
-from posenc import CONFIG_DIR
 from posenc import evaluate as ev
 from posenc.runs import load_module
 from posenc.train import train
@@ -46,14 +45,11 @@ from posenc.encodings.base import PositionalScheme, relative_positions
 class DistancePenalty(PositionalScheme):
     """-softplus(w_h) * |i - j| / 8 on the logits: a throwaway scheme for a test."""
 
-    has_bias = True
-    position_only_bias = True
-
     def __init__(self, *, init: float = 0.0, **kw):
         super().__init__(**kw)
         self.w = nn.Parameter(torch.full((self.n_heads,), init))
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         dist = relative_positions(q_pos, k_pos).abs().to(self.w.dtype)  # (Tq, Tk)
         return -nn.functional.softplus(self.w)[None, :, None, None] * dist / 8  # (1, H, Tq, Tk)
 '''
@@ -84,8 +80,7 @@ def test_a_new_scheme_needs_one_class_and_one_yaml(tmp_path, data_root, cache_di
         *FAST,
         "log_checkpoint=false",
     ]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=overrides, return_hydra_config=False)
+    cfg = compose(overrides)
     assert cfg.encoding.name == "throwaway" and cfg.run_name.startswith("throwaway-lm-")
 
     # trains
@@ -135,15 +130,13 @@ class OutOfTreePenalty(PositionalScheme):
     entry in test_oot_penalty_vs_formula.
     """
 
-    has_bias = True
-    position_only_bias = True
     relative = True
 
     def __init__(self, *, init: float = 0.5, **kw):
         super().__init__(**kw)
         self.w = nn.Parameter(init + torch.linspace(0.0, 1.0, self.n_heads))  # one slope per head
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         dist = relative_positions(q_pos, k_pos).abs().to(self.w.dtype)  # (Tq, Tk)
         return -nn.functional.softplus(self.w)[None, :, None, None] * dist / 8  # (1, H, Tq, Tk)
 '''
@@ -178,7 +171,7 @@ class ShiftyPenalty(OutOfTreePenalty):
     """Declares relative = True, but its bias depends on the query position alone
     (Nobody et al. 2024). Checked against nothing in test_oot_penalty_vs_formula."""
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         qp = q_pos.to(self.w.dtype)[:, None].expand(-1, k_pos.shape[0])  # absolute
         return -nn.functional.softplus(self.w)[None, :, None, None] * qp / 8
 

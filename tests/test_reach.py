@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from analysis import reach
-from pipelines.common import compose_config
-from posenc.module import build_model
+from posenc.config import build_model, compose
 from tests.references import dense_first_layer_logits
 
 T = 9
@@ -57,7 +56,7 @@ def test_two_keys_half_and_half():
 @pytest.mark.parametrize("scheme", ["alibi", "rope", "shaw", "t5_bias", "fire", "tupe"])
 def test_first_layer_probabilities_match_the_dense_reference(scheme):
     torch.manual_seed(0)
-    model = build_model(compose_config([f"encoding={scheme}", "model=micro", "task=lm"]), 260).eval()
+    model = build_model(compose([f"encoding={scheme}", "model=micro", "task=lm"]), 260).eval()
     idx = torch.randint(4, 260, (2, 24))
     probs = reach.attention_probabilities(model, idx)
     assert len(probs) == model.cfg.n_layers and probs[0].shape == (2, 4, 24, 24)
@@ -73,7 +72,7 @@ def test_the_probabilities_walk_the_model_layer_by_layer():
     """The second layer's probabilities come from the model's own first-layer output:
     changing the first block's output weights changes them, and only them."""
     torch.manual_seed(0)
-    model = build_model(compose_config(["encoding=alibi", "model=micro", "task=lm"]), 260).eval()
+    model = build_model(compose(["encoding=alibi", "model=micro", "task=lm"]), 260).eval()
     idx = torch.randint(4, 260, (1, 16))
     before = reach.attention_probabilities(model, idx)
     with torch.no_grad():
@@ -84,7 +83,7 @@ def test_the_probabilities_walk_the_model_layer_by_layer():
 
 def test_reach_rows_average_windows_and_skip_lengths_a_model_cannot_represent():
     torch.manual_seed(0)
-    model = build_model(compose_config(["encoding=learned", "model=micro", "task=lm", "model.max_len=32"]), 260)
+    model = build_model(compose(["encoding=learned", "model=micro", "task=lm", "model.max_len=32"]), 260)
     tokens = np.random.default_rng(0).integers(4, 260, size=400)
     rows = reach.reach_rows(model, tokens, [16, 32, 64], windows=3)
     assert sorted({r["length"] for r in rows}) == [16, 32]  # 64 is past the learned table

@@ -319,7 +319,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
                                            ("task.digits=11", "at most 10"), ("task.needles=0", "at least one")])
 def test_a_window_that_cannot_be_built_is_refused_before_anything_is_written(make_cfg, setting, match):
     from posenc.errors import ConfigError
-    from posenc.train import check_config
+    from posenc.config import check_config
 
     with pytest.raises(ConfigError, match=f"task=retrieval with .*{match}"):
         check_config(make_cfg("task=retrieval", setting))

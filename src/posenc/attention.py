@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,7 +54,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     P = softmax(S), dV = P^T dY, dP = dY V^T, dS = P (dP - rowsum(dY Y)),
     dQ = dS K scale, dK = dS^T Q scale. dS summed over the batch is the bias
     gradient: its diagonal sums go to the scheme's ``relative_bias`` (evaluated
-    once, on the 2T - 1 distances), the blocks themselves to ``bias_block``,
+    once, on the 2T - 1 distances), the blocks themselves to ``absolute_block``,
     and autograd carries both to the scheme's parameters. A content bias is
     rebuilt block by block from the block's queries and the keys, and autograd
     carries dS to q, k and the parameters. Nothing of size T^2 is kept between
@@ -82,7 +85,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         parts, rel_vals = (), None
         if not ctx.content:
             with torch.enable_grad():
-                parts = scheme.bias_parts(pos, pos)
+                parts = scheme.absolute_parts(pos, pos)
                 rel_vals = scheme.relative_bias(torch.arange(1 - T, Tk, device=pos.device))
         leaves = tuple(p.detach().requires_grad_() for p in parts)
         wrt = [*params, *leaves]
@@ -124,7 +127,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
                 sums, start = diagonal_sums(db, r0, T, Tk)
                 d_rel[:, start : start + sums.shape[1]] += sums
             with torch.enable_grad():
-                b = scheme.bias_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
+                b = scheme.absolute_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
             if b is not None:
                 grads = _merge(grads, torch.autograd.grad(b, wrt, db[None], allow_unused=True))
         if d_rel is not None and params:
@@ -146,15 +149,43 @@ def with_causal(bias: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Ten
     return bias + causal_mask(q_pos, k_pos, bias.dtype) if causal else bias
 
 
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How the layers of one forward compute attention, decided once, at the top
+    (``plan_attention``), and handed down to every layer: the route, and the float
+    masks of position-only biases (bias plus causal mask), one per scheme instance,
+    so layers that share a scheme (T5, TUPE) share its mask."""
+
+    route: str
+    masks: dict = field(default_factory=dict)  # PositionalScheme -> (1, H, T, T) mask
+
+    def mask(self, scheme: PositionalScheme) -> Tensor | None:
+        """The shared mask of ``scheme``'s position-only bias, or None (no bias, or one that reads q and k)."""
+        return self.masks.get(scheme)
+
+
+def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor) -> AttentionPlan:
+    """The plan of a forward through ``layers`` (every layer has the same kind of
+    scheme) with input ``x`` at positions ``pos``: the first layer's route and the
+    mask of every position-only scheme instance among the layers."""
+    route = layers[0].route(x, pos)
+    masks: dict = {}
+    for attn in layers:
+        if attn.scheme.position_only_bias and attn.scheme not in masks:
+            masks[attn.scheme] = attn.position_mask(pos, x.dtype, route)
+    return AttentionPlan(route, masks)
+
+
 class Attention(nn.Module):
     """Pre-projection multi-head attention; positions enter only through ``scheme``.
 
     How a call computes attention is its route (``route``), decided once per
-    forward by the model for all layers: ``fused`` (no bias: the fused kernel,
-    ``is_causal``), ``masked`` (the bias plus the causal mask as a float mask),
-    ``recomputed`` (as masked, but the mask carries no graph and the backward
-    recomputes it, ``_RecomputedBiasAttention``) and ``probabilities`` (a value
-    term needs the attention probabilities).
+    forward for all layers (``plan_attention``): ``fused`` (no bias: the fused
+    kernel, ``is_causal``), ``masked`` (the bias plus the causal mask as a float
+    mask), ``recomputed`` (as masked, but the mask carries no graph and the
+    backward recomputes it, ``_RecomputedBiasAttention``) and ``probabilities`` (a
+    value term needs the attention probabilities). A layer called alone plans
+    for itself, with the same planner.
     """
 
     def __init__(self, d_model: int, n_heads: int, scheme: PositionalScheme, causal: bool, dropout: float = 0.0):
@@ -201,37 +232,36 @@ class Attention(nn.Module):
 
     def position_mask(self, pos: Tensor, dtype: torch.dtype, route: str = MASKED) -> Tensor:
         """Float attention mask of a position-only bias scheme, causal mask included
-        (the model builds it once per forward for the layers that share a scheme);
-        without a graph on the ``recomputed`` route."""
+        (``plan_attention`` builds it once per forward and scheme instance); without a
+        graph on the ``recomputed`` route."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):
-            return with_causal(self.scheme.position_bias(pos).to(dtype), pos, pos, self.causal)
+            return with_causal(self.scheme.position_bias(pos, pos).to(dtype), pos, pos, self.causal)
 
-    def forward(self, h: Tensor, pos: Tensor, route: str | None = None, mask: Tensor | None = None) -> Tensor:
-        """h (B, T, D) at positions pos (T,). ``route`` and ``mask`` (a ``position_mask``)
-        come from the model; a layer called alone decides them itself."""
+    def forward(self, h: Tensor, pos: Tensor, plan: AttentionPlan | None = None) -> Tensor:
+        """h (B, T, D) at positions pos (T,), computed as ``plan`` says (the model's
+        plan of this forward; a layer called alone plans for itself)."""
         B, T, D = h.shape
-        route = route or self.route(h, pos)
+        plan = plan or plan_attention([self], h, pos)
         q, k, v = self.project(h)
-        if route == PROBABILITIES:
+        if plan.route == PROBABILITIES:
             y = self._probabilities(q, k, v, pos)
         else:
             q, k = self.scheme.rotate(q, k, pos, pos)
-            if route == FUSED:
+            if plan.route == FUSED:
                 y = self._sdpa(q, k, v, is_causal=self.causal)
-            elif route == MASKED:
-                y = self._sdpa(q, k, v, attn_mask=self._mask(q, k, pos, mask, route))
+            elif plan.route == MASKED:
+                y = self._sdpa(q, k, v, attn_mask=self._mask(q, k, pos, plan))
             else:
-                y = self._recomputed(q, k, v, pos, self._mask(q, k, pos, mask, route))
+                y = self._recomputed(q, k, v, pos, self._mask(q, k, pos, plan))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
-    def _mask(self, q: Tensor, k: Tensor, pos: Tensor, shared: Tensor | None, route: str) -> Tensor:
-        """The given shared mask, or this layer's bias plus the causal mask (a
-        content bias, or a position-only one when called alone)."""
+    def _mask(self, q: Tensor, k: Tensor, pos: Tensor, plan: AttentionPlan) -> Tensor:
+        """The plan's shared mask of this layer's position-only bias, or its content
+        bias (which reads this layer's q and k) plus the causal mask."""
+        shared = plan.mask(self.scheme)
         if shared is not None:
             return shared.to(q.dtype)
-        if self.scheme.position_only_bias:
-            return self.position_mask(pos, q.dtype, route)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and plan.route != RECOMPUTED):
             return with_causal(self.scheme.bias(q, k, pos, pos).to(q.dtype), pos, pos, self.causal)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, **kw) -> Tensor:

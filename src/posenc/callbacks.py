@@ -10,6 +10,8 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .runs import RunFolder
+
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +74,7 @@ class GracefulInterrupt(L.Callback):
     def on_exception(self, trainer, pl_module, exception):
         self._restore()
         if isinstance(exception, SIGTERMException):
-            path = self.dirpath / "last.ckpt"
+            path = self.dirpath / RunFolder.LAST
             trainer.save_checkpoint(path)
             log.warning("stopped at step %d; saved %s (resume with ckpt_path=last)", trainer.global_step, path)
             self.saved = RunInterrupted(trainer.global_step, path)

@@ -64,15 +64,15 @@ def composition_error(overrides: list[str]) -> str | None:
     group, a misspelt key with the closest real one, a value of the wrong type, a
     malformed override); ``None`` when they compose. Hydra's own report of these is
     several lines and a traceback; this is what ``cli`` prints instead."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
+
+    from .config import compose
 
     # Hydra's own settings are not the run's, but its search path decides which options exist
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
     try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            compose("train", overrides=plain)
-            return None
+        compose(plain)
+        return None
     except MissingConfigException as e:
         found = re.search(r"Could not find '([^/']+)/([^']+)'", str(e))
         if not found:
@@ -98,10 +98,9 @@ def _is_searchpath(override: str) -> bool:
 
 def _misspelt(key: str, overrides: list[str]) -> str:
     """``trainer.max_step=10``: the closest real setting."""
-    from hydra import compose, initialize_config_dir
+    from .config import compose
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        base = compose("train", overrides=[o for o in overrides if o.split("=", 1)[0] != key])
+    base = compose([o for o in overrides if o.split("=", 1)[0] != key])
     keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key)

@@ -57,7 +57,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .files import portable_path, write_json, write_text
-from .runs import default_tracking_uri, load_state, module_from_state, resolve_checkpoint, run_data, stored_run
+from .runs import load_state, module_from_state, resolve_checkpoint, run_data, stored_run
+from .tracking import default_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -270,26 +271,17 @@ def log_to_mlflow(
     rule) at step = evaluation length (applicable rows only; the tag ``STEP_TAG`` says
     so on the run), tags with the settings, and the results files as artifacts under
     ``extrapolation/``."""
-    import mlflow
-    from mlflow.entities import Metric
+    from . import tracking
 
-    client = mlflow.MlflowClient(tracking_uri)
-    now = int(time.time() * 1000)
-    metrics = [
-        Metric(f"extrapolation/ppl_{r['method']}" + (f"_{extension}" if extension else ""), float(r["ppl"]), now,
-               int(r["eval_len"]))
-        for r in rows
-        if r.get("ppl") is not None and math.isfinite(r["ppl"])
-    ]
-    # an evaluation run again gives the same values: log only points the run does not hold yet
-    # (MLflow keeps every point, so re-logging would draw each length twice)
-    held = {key: {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
-            for key in {m.key for m in metrics}}
-    client.log_batch(run_id, metrics=[m for m in metrics if (m.step, m.value) not in held[m.key]])
-    for k, v in {STEP_TAG[0]: STEP_TAG[1], **(tags or {})}.items():
-        client.set_tag(run_id, k, str(v))
-    for f in files:
-        client.log_artifact(run_id, str(f), artifact_path="extrapolation")
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r.get("ppl") is not None and math.isfinite(r["ppl"]):
+            key = f"extrapolation/ppl_{r['method']}" + (f"_{extension}" if extension else "")
+            curves.setdefault(key, []).append((int(r["eval_len"]), float(r["ppl"])))
+    c = tracking.client(tracking_uri)
+    tracking.log_curves(c, run_id, curves)
+    tracking.set_tags(c, run_id, {STEP_TAG[0]: STEP_TAG[1], **(tags or {})})
+    tracking.log_files(c, run_id, files, "extrapolation")
 
 
 # ----------------------------------------------------------------- top level

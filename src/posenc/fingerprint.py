@@ -24,7 +24,7 @@ does so should import what it uses by name.
 
 ``results/runs/<scheme>.json`` records the digests its runs were made with
 (``provenance``), so the summary stages can refuse to put results of different
-code or settings into one table (``pipelines.common.check_provenance``).
+code or settings into one table (``pipelines.gather.check_provenance``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ STUDY_CORE = (
     "src/posenc/runs.py",
     "src/posenc/tracking.py",
     "src/posenc/train.py",
-    "pipelines/common.py",
+    "src/posenc/config.py",
     "pipelines/retrieval.py",
     "pipelines/study.py",
     "conf/train.yaml",

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, AttentionPlan, plan_attention
 from .encodings.base import PositionalScheme
 
 
@@ -49,8 +48,8 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, pos: Tensor, route: str | None = None, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), pos, route, mask)
+    def forward(self, x: Tensor, pos: Tensor, plan: AttentionPlan | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos, plan)
         return x + self.mlp(self.ln2(x))
 
 
@@ -129,21 +128,10 @@ class Transformer(nn.Module):
             pos = torch.arange(T, device=idx.device)
         word, posn = self.embed(idx, pos)
         x = self.drop(word if posn is None else word + posn)
-        route = self.blocks[0].attn.route(x, pos)  # every layer has the same kind of scheme
-        masks: dict[int, Tensor] = {}  # position-only biases: once per scheme instance
+        plan = plan_attention([b.attn for b in self.blocks], x, pos)  # route and shared masks, once
         for block in self.blocks:
-            attn, mask = block.attn, None
-            if attn.scheme.position_only_bias:
-                key = id(attn.scheme)
-                if key not in masks:
-                    masks[key] = attn.position_mask(pos, x.dtype, route)
-                mask = masks[key]
-            x = block(x, pos, route, mask)
+            x = block(x, pos, plan)
         return self.lm_head(self.ln_f(x))
-
-    def loss(self, idx: Tensor, targets: Tensor, pos: Tensor | None = None, ignore_index: int = -100) -> Tensor:
-        logits = self(idx, pos)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
     @torch.no_grad()
     def first_layer_terms(self, idx: Tensor, pos: Tensor | None = None) -> dict[str, Tensor]:

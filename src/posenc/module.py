@@ -8,21 +8,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from .model import ModelConfig, Transformer
-
-
-def build_model(cfg: DictConfig | dict, vocab_size: int) -> Transformer:
-    """The Transformer a config describes (model group + encoding group + task)."""
-    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
-    model_kw = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
-    mcfg = ModelConfig(vocab_size=vocab_size, causal=bool(cfg.task.causal), **model_kw)
-    factory = instantiate(cfg.encoding.scheme)
-    return Transformer(mcfg, factory)
+from .config import build_model
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

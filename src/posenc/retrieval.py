@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -314,7 +315,7 @@ GRID_COLUMNS = ("scheme", "extension", "seed", "train_len", "run_id", "multiple"
                 "exact_match", "exact_lo", "exact_hi", "digit_acc", "note")
 
 
-def write_rows(rows: Sequence[dict], path, columns: Sequence[str] = GRID_COLUMNS) -> "Path":
+def write_rows(rows: Sequence[dict], path, columns: Sequence[str] = GRID_COLUMNS) -> Path:
     """Rows as a CSV file with these columns (a header alone when there are no
     rows: a scheme without retrieval runs), written atomically; returns its path."""
     import pandas as pd

@@ -1,6 +1,9 @@
-"""A finished run: find its checkpoint, load it, and get the data it was trained on.
+"""A run folder and a finished run: find its checkpoint, load it, and get the data it
+was trained on.
 
-Every reader of checkpoints goes through here: training's resume (``load_state``),
+``RunFolder`` is the one place that names what a run folder holds (``run.json``,
+``config.yaml``, ``metrics.json``, ``checkpoints/last.ckpt``, grids beside the run);
+every writer and reader of a run folder goes through it. Every reader of checkpoints goes through here: training's resume (``load_state``),
 the extrapolation evaluation and the heatmaps (``load_module``). Both load with
 ``weights_only=True`` and turn a missing, truncated or foreign file into one
 ``ConfigError`` that says what to do. ``run_data`` is the one way to rebuild a
@@ -22,6 +25,64 @@ from .errors import ConfigError
 
 #: the setting that names a corpus folder taken from ``paths.data_dir`` (``POSENC_DATA_DIR``)
 SHARED_DATA_SETTING = "paths.data_dir"
+
+
+class _Held:
+    """A path that a run folder holds, named once (``RunFolder``'s layout)."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, run, owner=None):
+        return self if run is None else run.path.joinpath(*self.parts)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A training run's folder and what it holds::
+
+        <run>/run.json              run name, MLflow run id, encoding, identity, schedule (``info``)
+        <run>/config.yaml           the resolved config
+        <run>/metrics.json          the final metrics
+        <run>/checkpoints/last.ckpt the last checkpoint (best-step=N.ckpt beside it)
+        <run>/retrieval[-<rule>].csv a retrieval run's exact-match grid
+    """
+
+    path: Path
+    #: the name of the last checkpoint in ``checkpoints/`` (Lightning's ``save_last``, and an interrupt's)
+    LAST = "last.ckpt"
+    #: the folder of the checkpoints, in the run folder and among the MLflow run's artifacts
+    CHECKPOINTS = "checkpoints"
+    run_json = _Held("run.json")
+    config = _Held("config.yaml")
+    metrics = _Held("metrics.json")
+    checkpoints = _Held(CHECKPOINTS)
+    last = _Held(CHECKPOINTS, LAST)
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def of(cls, ckpt: str | os.PathLike) -> RunFolder:
+        """The folder of a checkpoint inside it (``<run>/checkpoints/x.ckpt``)."""
+        return cls(Path(ckpt).parent.parent)
+
+    @classmethod
+    def under(cls, root: str | os.PathLike, pattern: str = "**") -> list[RunFolder]:
+        """Every run folder (one with a ``run.json``) under ``root``, at ``pattern`` depth, sorted by path."""
+        root = Path(root)
+        return [cls(meta.parent) for meta in sorted(root.glob(f"{pattern}/run.json"))] if root.is_dir() else []
+
+    def grid(self, rule: str | None = None) -> Path:
+        """The exact-match grid of a retrieval run, scored plain or with a zero-shot rule."""
+        return self.path / f"retrieval{'-' + rule if rule else ''}.csv"
+
+    def info(self) -> dict:
+        """The run's ``run.json``, or {} when it has none (or it cannot be read)."""
+        try:
+            return json.loads(self.run_json.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
 
 
 def load_state(path: str | os.PathLike, mmap: bool = False) -> dict:
@@ -87,24 +148,13 @@ def stored_run(state: dict, path: str | os.PathLike) -> dict:
 
 def run_info(ckpt: Path) -> dict:
     """The ``run.json`` of the run folder that holds ``ckpt`` (``<run>/checkpoints/x.ckpt``), or {}."""
-    meta = Path(ckpt).parent.parent / "run.json"
-    return json.loads(meta.read_text()) if meta.is_file() else {}
-
-
-def default_root() -> Path:
-    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
-
-
-def default_tracking_uri() -> str:
-    from .tracking import sqlite_uri
-
-    return os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(default_root() / "mlflow.db")
+    return RunFolder.of(ckpt).info()
 
 
 def _pick(folder: Path, which: str) -> Path:
     """last.ckpt or the best-step=N.ckpt (highest N when several) of a checkpoints folder."""
     if which == "last":
-        p = folder / "last.ckpt"
+        p = folder / RunFolder.LAST
         if p.is_file():
             return p
     elif which == "best":
@@ -131,7 +181,7 @@ def run_id_of(ckpt: Path) -> str | None:
     info = run_info(ckpt)
     if info:
         return info.get("mlflow_run_id")
-    if ckpt.parent.name == "checkpoints" and ckpt.parent.parent.name == "artifacts":
+    if ckpt.parent.name == RunFolder.CHECKPOINTS and ckpt.parent.parent.name == "artifacts":
         return ckpt.parents[2].name
     return None
 
@@ -154,42 +204,25 @@ def resolve_checkpoint(
     if p.is_file():
         return Resolved(p.resolve(), run_id_of(p.resolve()))
     if p.is_dir():
-        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        folder = RunFolder(p).checkpoints if RunFolder(p).checkpoints.is_dir() else p
         ckpt = _pick(folder, which).resolve()
         return Resolved(ckpt, run_id_of(ckpt))
     run_id = str(ref)
     if os.sep in run_id or run_id.endswith(".ckpt"):
         raise FileNotFoundError(f"no checkpoint at {ref}")
-    runs = Path(runs_dir) if runs_dir else default_root() / "outputs"
-    for meta in sorted(runs.glob("**/run.json")) if runs.is_dir() else []:
-        try:
-            info = json.loads(meta.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if info.get("mlflow_run_id") == run_id and (meta.parent / "checkpoints").is_dir():
+    from .tracking import project_root
+
+    for run in RunFolder.under(runs_dir or project_root() / "outputs"):
+        if run.info().get("mlflow_run_id") == run_id and run.checkpoints.is_dir():
             try:
-                return Resolved(_pick(meta.parent / "checkpoints", which).resolve(), run_id)
+                return Resolved(_pick(run.checkpoints, which).resolve(), run_id)
             except FileNotFoundError:
                 pass
-    import mlflow
+    from .tracking import default_tracking_uri, download_checkpoint
 
     uri = tracking_uri or default_tracking_uri()
-    client = mlflow.MlflowClient(uri)
-    try:
-        names = [Path(a.path).name for a in client.list_artifacts(run_id, "checkpoints")]
-    except mlflow.exceptions.MlflowException as e:
-        raise FileNotFoundError(
-            f"{ref!r} is neither a checkpoint file, a run folder, nor an MLflow run in {uri} ({e})"
-        ) from e
-    wanted = ["last.ckpt"] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
-    if not wanted or wanted[0] not in names:
-        raise FileNotFoundError(
-            f"MLflow run {run_id} in {uri} has no {which} checkpoint among its artifacts {names}; "
-            f"train with log_checkpoint=true or give the .ckpt path"
-        )
     dst = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="posenc-ckpt-"))
-    dst.mkdir(parents=True, exist_ok=True)
-    local = client.download_artifacts(run_id, f"checkpoints/{wanted[0]}", str(dst))
+    local = download_checkpoint(uri, run_id, which, dst)
     return Resolved(Path(local).resolve(), run_id, uri)
 
 

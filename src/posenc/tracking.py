@@ -1,13 +1,17 @@
-"""MLflow set-up and queries.
+"""Every MLflow read and write of posenc: the store, experiments, runs, params, tags,
+metrics, artifacts, and the line that says how to open a run.
 
 Runs go to an SQLite store (``sqlite:///<abs path>``), never the old
-``./mlruns`` file store, with artifacts in a folder beside it.
+``./mlruns`` file store, with artifacts in a folder beside it. Lightning's
+``MLFlowLogger`` logs the training curves; everything else goes through here.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,24 @@ from hydra.experimental.callback import Callback
 def sqlite_uri(path: str | Path) -> str:
     """An absolute ``sqlite:///`` URI for a database file."""
     return "sqlite:///" + str(Path(path).expanduser().resolve())
+
+
+def project_root() -> Path:
+    """``POSENC_ROOT``, else the working directory: where ``mlflow.db`` and ``outputs/`` live."""
+    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
+
+
+def default_tracking_uri(root: str | Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db`` (root: ``project_root()``),
+    the store training logs to with the default ``logger`` config."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or sqlite_uri(Path(root or project_root()) / "mlflow.db")
+
+
+def client(tracking_uri: str):
+    """An ``MlflowClient`` of the store."""
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri)
 
 
 def flatten(d: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
@@ -109,25 +131,170 @@ def _ensure_experiment(client, name: str, artifact_location: str | None):
     return exp.experiment_id
 
 
-def find_runs(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
-    """All runs of an experiment (any status), newest first."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
+def runs_of(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
+    """All runs of an experiment (any status), newest first; [] when there is no such experiment."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return client.search_runs([exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"])
+    return c.search_runs([exp.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"])
+
+
+def newest_run(c, experiment_id: str, tags: Mapping[str, str]):
+    """The newest run of an experiment with all these tags, or None (``c``: a ``client``)."""
+    where = " AND ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+    runs = c.search_runs([experiment_id], filter_string=where, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def open_run(c, experiment_id: str, run_name: str, tags: Mapping[str, str]) -> tuple[str, bool]:
+    """(run id, reused): the newest run of the experiment with all ``tags``, set running
+    again, or a new run named ``run_name`` with those tags."""
+    existing = newest_run(c, experiment_id, tags)
+    if existing is not None:
+        c.update_run(existing.info.run_id, status="RUNNING")
+        return existing.info.run_id, True
+    return c.create_run(experiment_id, run_name=run_name, tags=dict(tags)).info.run_id, False
+
+
+def log_json(c, run_id: str, obj: Any, name: str) -> None:
+    """``obj`` as the JSON artifact ``name``."""
+    c.log_dict(run_id, obj, name)
+
+
+def run_or_none(c, run_id: str | None):
+    """The run, or None when the store does not hold it."""
+    import mlflow
+
+    if not run_id:
+        return None
+    try:
+        return c.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def log_params(c, run_id: str, params: Mapping) -> None:
+    """A nested mapping flattened to MLflow params ("a.b.c"), values cut at 6000
+    characters, 100 per call (what ``log_batch`` takes). Re-logging the same values is allowed."""
+    from mlflow.entities import Param
+
+    flat = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+    for i in range(0, len(flat), 100):
+        c.log_batch(run_id, params=flat[i:i + 100])
+
+
+def log_tags(c, run_id: str, tags: Mapping[str, Any]) -> None:
+    """Tags (values as strings) in one transaction."""
+    from mlflow.entities import RunTag
+
+    c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def set_tags(c, run_id: str, tags: Mapping[str, Any]) -> None:
+    """Tags (values as strings) one by one, in order."""
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+def log_curves(c, run_id: str, curves: Mapping[str, Sequence[tuple[int, float]]]) -> None:
+    """Metrics as curves of (step, value) points (step: an evaluation length), only the
+    points the run does not hold yet: evaluating a run again gives the same values, and
+    MLflow keeps every point it is given, so re-logging would draw each step twice."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    held = {key: {(m.step, m.value) for m in c.get_metric_history(run_id, key)} for key in curves}
+    c.log_batch(run_id, metrics=[Metric(key, float(v), now, int(step)) for key, points in curves.items()
+                                 for step, v in points if (int(step), float(v)) not in held[key]])
+
+
+def log_files(c, run_id: str, files: Sequence[str | Path], artifact_path: str | None = None) -> None:
+    """Files as artifacts of the run, under ``artifact_path``."""
+    for f in files:
+        c.log_artifact(run_id, str(f), artifact_path=artifact_path)
+
+
+def log_at(c, run_id: str, files: Sequence[tuple[Path, str]], replace: bool = False) -> None:
+    """Files or folders at the artifact paths given (a file's path names the file, a
+    folder's the folder); with ``replace``, what an earlier logging put at each path is
+    removed first (a folder may have lost files since), where the store can delete."""
+    import logging
+
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(c.get_run(run_id).info.artifact_uri) if replace else None
+    for path, dest in files:
+        if repo is not None:
+            try:
+                repo.delete_artifacts(dest)
+            except (NotImplementedError, OSError) as e:  # some stores cannot delete
+                logging.getLogger(__name__).warning(
+                    "could not replace the artifact %s of run %s (%s): logging over it", dest, run_id, e)
+        if Path(path).is_dir():
+            c.log_artifacts(run_id, str(path), artifact_path=dest)
+        else:
+            parent = Path(dest).parent.as_posix()
+            c.log_artifact(run_id, str(path), artifact_path=None if parent == "." else parent)
+
+
+def link_runs(c, study_run_id: str, study_run_name: str, runs: Mapping[str, str | None],
+              tags_if: Mapping[str, tuple[str, str]] = ()) -> tuple[dict[str, str], list[str]]:
+    """Tag every run of ``runs`` ({folder: run id}) with the study run (``study_run_id``,
+    ``study_run_name``), and a run that holds a metric starting with a key of
+    ``tags_if`` with that entry's tag when it lacks it; untag runs that pointed at the
+    study run but are no longer among ``runs`` (a scheme re-run). Returns ({folder: run
+    id} linked, [folders whose run is not in the store])."""
+    linked, missing = {}, []
+    for folder, rid in runs.items():
+        run = run_or_none(c, rid)
+        if run is None:
+            missing.append(folder)
+            continue
+        c.set_tag(rid, "study_run_id", study_run_id)
+        c.set_tag(rid, "study_run_name", study_run_name)
+        for prefix, (key, value) in dict(tags_if).items():
+            if any(k.startswith(prefix) for k in run.data.metrics) and key not in run.data.tags:
+                c.set_tag(rid, key, value)
+        linked[folder] = rid
+    stale = c.search_runs([c.get_run(study_run_id).info.experiment_id],
+                          filter_string=f"tags.study_run_id = '{study_run_id}'", max_results=50000)
+    for run in stale:
+        if run.info.run_id not in linked.values():
+            c.delete_tag(run.info.run_id, "study_run_id")
+            c.delete_tag(run.info.run_id, "study_run_name")
+    return linked, missing
+
+
+def download_checkpoint(tracking_uri: str, run_id: str, which: str, dst: str | Path) -> Path:
+    """The run's ``last.ckpt`` (``which="last"``) or newest ``best-*.ckpt`` artifact, downloaded to ``dst``."""
+    import mlflow
+
+    from .runs import RunFolder
+
+    c = client(tracking_uri)
+    try:
+        names = [Path(a.path).name for a in c.list_artifacts(run_id, RunFolder.CHECKPOINTS)]
+    except mlflow.exceptions.MlflowException as e:
+        raise FileNotFoundError(
+            f"{run_id!r} is neither a checkpoint file, a run folder, nor an MLflow run in {tracking_uri} ({e})"
+        ) from e
+    wanted = [RunFolder.LAST] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
+    if not wanted or wanted[0] not in names:
+        raise FileNotFoundError(
+            f"MLflow run {run_id} in {tracking_uri} has no {which} checkpoint among its artifacts {names}; "
+            f"train with log_checkpoint=true or give the .ckpt path"
+        )
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    return Path(c.download_artifacts(run_id, f"{RunFolder.CHECKPOINTS}/{wanted[0]}", str(dst)))
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
-    """Mark a run as ended with ``status`` (FAILED, KILLED) when training raises."""
-    import mlflow
-
-    mlflow.MlflowClient(tracking_uri).set_terminated(run_id, status)
+    """Mark a run as ended with ``status`` (FINISHED, FAILED, KILLED)."""
+    client(tracking_uri).set_terminated(run_id, status)
 
 
-def log_dataset(client, run_id: str, name: str, meta: Mapping) -> None:
+def log_dataset(c, run_id: str, name: str, meta: Mapping) -> None:
     """Record the corpus as the run's MLflow dataset input (the run list's
     Dataset column): its name, the token checksum as digest, where it was read
     from and its token counts."""
@@ -141,7 +308,7 @@ def log_dataset(client, run_id: str, name: str, meta: Mapping) -> None:
         source=json.dumps({"uri": str(source)}),
         profile=json.dumps({"tokens": meta.get("tokens"), "vocab_size": meta.get("vocab_size_actual")}),
     )
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
+    c.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
 
 
 def ui_url(experiment_id: str, run_id: str | None = None, base: str = "http://127.0.0.1:5000") -> str:
@@ -153,10 +320,9 @@ def ui_url(experiment_id: str, run_id: str | None = None, base: str = "http://12
     return f"{base}/#/experiments/{page}?workflowType=machine_learning"
 
 
-def how_to_open(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Where to find a run in the MLflow UI: the runs table and the run's own page."""
+def how_to_open(tracking_uri: str, experiment_id: str, run_id: str, table: str = "runs table") -> str:
+    """Where to find a run in the MLflow UI: the server to start, the runs table and the run's own page."""
     server = f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
     if not tracking_uri.startswith("sqlite:"):
         server = f"the MLflow server at {tracking_uri}"
-    return (f"MLflow run {run_id}: start {server}, then open {ui_url(experiment_id)} (runs table) "
-            f"or {ui_url(experiment_id, run_id)} (this run)")
+    return f"start {server}, then open {ui_url(experiment_id)} ({table}) or {ui_url(experiment_id, run_id)} (this run)"

@@ -7,7 +7,6 @@ config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import time
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -25,85 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
 from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
+from .config import check_config
 from .errors import ConfigError
 from .files import write_json, write_text
-from .model import ModelSize
 from .module import LMModule
-from .runs import load_state, run_info
+from .runs import RunFolder, load_state, run_info
 
 log = logging.getLogger(__name__)
-
-
-ConfigStore.instance().store(group="schema", name="model", node=ModelSize)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Refuse impossible settings early: builds the scheme alone (which checks
-    widths, rotary dims and directions) and checks the training length."""
-    m = cfg.model
-    if m.d_model % m.n_heads:
-        raise ConfigError(
-            f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
-            "pick a head count that divides the width"
-        )
-    if cfg.data.seq_len < 1:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
-    check_optim(cfg)
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
-        raise ConfigError(f"seed={cfg.seed} must be an integer")
-    if cfg.get("init_from") and cfg.ckpt_path not in (None, ""):
-        raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
-    try:
-        scheme = instantiate(cfg.encoding.scheme)(
-            d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
-        )
-        scheme.check_length(int(cfg.data.seq_len))
-    except ValueError as e:  # the scheme's own checks name the setting
-        raise ConfigError(str(e)) from e
-    if cfg.task.get("objective") == "retrieval":  # a window that cannot hold its needles and queries
-        from .retrieval import Layout
-
-        T, n, k = int(cfg.data.seq_len), int(cfg.task.get("needles", 1)), int(cfg.task.get("digits", 5))
-        try:
-            Layout(T, n, k)
-        except ValueError as e:
-            raise ConfigError(f"task=retrieval with data.seq_len={T}, task.needles={n}, task.digits={k}: {e}") from e
-
-
-def check_optim(cfg: DictConfig) -> None:
-    """Refuse optimiser settings that cannot train, naming the setting: a learning rate
-    that is not a number or is negative, negative weight decay or warm-up, betas outside
-    [0, 1), a final LR ratio outside [0, 1], a schedule shorter than one step."""
-    o = cfg.optim
-
-    def number(key: str) -> float:
-        value = o.get(key)
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"optim.{key}={value} is not a number") from None
-        if not math.isfinite(x):
-            raise ConfigError(f"optim.{key}={value} must be finite")
-        return x
-
-    if number("lr") < 0:  # 0 is allowed: a run that must not change its weights (a test of init_from)
-        raise ConfigError(f"optim.lr={o.lr} must not be negative, e.g. optim.lr=1e-3")
-    if number("weight_decay") < 0:
-        raise ConfigError(f"optim.weight_decay={o.weight_decay} must be at least 0")
-    if number("warmup_steps") < 0 or float(o.warmup_steps) != int(float(o.warmup_steps)):
-        raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be a whole number of steps, at least 0")
-    if not 0 <= number("min_lr_ratio") <= 1:
-        raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio} must lie in [0, 1]")
-    betas = list(o.betas) if OmegaConf.is_list(o.betas) else None
-    try:
-        ok = betas is not None and len(betas) == 2 and all(0 <= float(b) < 1 for b in betas)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ConfigError(f"optim.betas={o.betas} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.95]")
-    steps = o.get("schedule_steps")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"optim.schedule_steps={steps} must be a whole number of steps, at least 1, or null")
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -165,16 +91,12 @@ def checkpoint_identity(ckpt: Path, info: dict) -> dict:
 
 def earlier_runs(output_dir: str | Path) -> list[tuple[Path, dict]]:
     """(``last.ckpt``, ``run.json``) of every run under ``output_dir`` that has one, newest first."""
-    found = []
-    for meta in Path(output_dir).glob("**/run.json"):
-        ckpt = meta.parent / "checkpoints" / "last.ckpt"
-        if ckpt.exists():
-            found.append((ckpt, run_info(ckpt)))
+    found = [(run.last, run.info()) for run in RunFolder.under(output_dir) if run.last.exists()]
     return sorted(found, key=lambda item: item[0].stat().st_mtime, reverse=True)
 
 
 def _fitting_runs(runs: list[tuple[Path, dict]], want: dict) -> str:
-    fits = [f"{ckpt.parent.parent} ({info.get('run_name')})" for ckpt, info in runs if info.get("identity") == want]
+    fits = [f"{RunFolder.of(ckpt).path} ({info.get('run_name')})" for ckpt, info in runs if info.get("identity") == want]
     if fits:
         return "runs that fit these settings: " + ", ".join(fits[:3])
     return "no earlier run fits these settings: start a fresh run (ckpt_path=null)"
@@ -205,7 +127,7 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
             ckpt, _, diff = diffs[0]
             raise ConfigError(
                 f"ckpt_path=last: no run named {cfg.run_name!r} fits this run; the newest, "
-                f"{ckpt.parent.parent}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
+                f"{RunFolder.of(ckpt).path}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
         ckpt, info = fitting[0]
         load_state(ckpt, mmap=True)  # readable (a truncated file is refused here); tensors stay on disk
@@ -290,7 +212,7 @@ def build_logger(cfg: DictConfig, run_id: str | None):
 RESUMABLE_KEYS = ("trainer.max_steps", "ckpt_path")
 
 
-def describe(cfg: DictConfig, overrides: str) -> str:
+def run_note(cfg: DictConfig, overrides: str) -> str:
     """One paragraph that tells a run apart in the MLflow run list (says when a resume
     trained past the run's LR schedule, or stopped before its end)."""
     m, d = cfg.model, cfg.data
@@ -324,8 +246,8 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
     tags = {"trainer.max_steps": str(cfg.trainer.max_steps)}
     if resumed:
         tags["resume_overrides"] = overrides or "(none)"
-        original = exp.get_run(run_id).data.tags.get("overrides", "")
-        tags["mlflow.note.content"] = describe(cfg, original)
+        original = tracking.run_or_none(exp, run_id).data.tags.get("overrides", "")
+        tags["mlflow.note.content"] = run_note(cfg, original)
     else:
         resolved = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
         counts = module.model.num_parameters()  # params, not a one-point metric chart
@@ -334,26 +256,22 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
         meta = prepared.meta
         tags.update({
             "encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
-            "overrides": overrides or "(none)", "mlflow.note.content": describe(cfg, overrides),
+            "overrides": overrides or "(none)", "mlflow.note.content": run_note(cfg, overrides),
             "data_source": meta["source"], "data_root": str(meta.get("root")),
             "data_tokens_sha256": meta["tokens_sha256"], "data_cache": prepared.directory.name,
             **tracking.git_state(cfg.paths.root), **tracking.library_versions(),
         })
         tracking.log_dataset(exp, run_id, cfg.data.corpus.name, meta)
-    from mlflow.entities import RunTag
-
-    exp.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])  # one transaction
+    tracking.log_tags(exp, run_id, tags)
 
 
 @rank_zero_only
-def log_run_end(logger, out_dir: Path, tokenizer: Path, best_ckpt: str | None, log_checkpoint: bool) -> None:
+def log_run_end(logger, run: RunFolder, tokenizer: Path, best_ckpt: str | None, log_checkpoint: bool) -> None:
     exp, run_id = logger.experiment, logger.run_id
-    exp.log_artifact(run_id, str(out_dir / "config.yaml"))
-    exp.log_artifact(run_id, str(tokenizer))
+    tracking.log_files(exp, run_id, [run.config, tokenizer])
     if log_checkpoint:
-        last = out_dir / "checkpoints" / "last.ckpt"
-        for path in {best_ckpt, str(last) if last.exists() else None} - {None, ""}:
-            exp.log_artifact(run_id, path, artifact_path="checkpoints")
+        tracking.log_files(exp, run_id, sorted({best_ckpt, str(run.last) if run.last.exists() else None} - {None, ""}),
+                           RunFolder.CHECKPOINTS)
 
 
 def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float]:
@@ -377,16 +295,17 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         initial_weights(module, cfg.init_from)
 
     if ckpt:
-        out_dir = Path(ckpt).parent.parent
+        out_dir = RunFolder.of(ckpt).path
         continue_in(out_dir)
     elif out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
         out_dir = run_dir(cfg)
+    run = RunFolder(out_dir)
     logger = build_logger(cfg, resumed_meta.get("mlflow_run_id"))
     checkpoint = ModelCheckpoint(
-        dirpath=out_dir / "checkpoints",
+        dirpath=run.checkpoints,
         filename="best-{step}",
         monitor="val/loss",
         mode="min",
@@ -394,7 +313,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         save_last=True,
         enable_version_counter=False,  # a resume overwrites last.ckpt (an interrupt wrote it) with the final one
     )
-    interrupt = GracefulInterrupt(out_dir / "checkpoints")
+    interrupt = GracefulInterrupt(run.checkpoints)
     callbacks = [checkpoint, interrupt, ValidateAtEnd()]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
@@ -407,10 +326,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             run_id = logger.run_id
             log_run_start(logger, cfg, module, resumed=bool(ckpt), prepared=datamodule.prepared)
         if trainer.is_global_zero:
-            write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            write_text(run.config, OmegaConf.to_yaml(cfg, resolve=True))
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name,
                     "identity": identity, "schedule_steps": cfg.optim.schedule_steps}
-            write_json(out_dir / "run.json", meta)
+            write_json(run.run_json, meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("test_at_end", False):  # the final weights on the test split
@@ -418,7 +337,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             metrics.update({k: float(v) for k, v in scores.items()})
         if logger is not None:
             log_run_end(
-                logger, out_dir, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
+                logger, run, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
                 bool(cfg.get("log_checkpoint", True)),
             )
     except BaseException as e:
@@ -430,9 +349,9 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         raise
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
-        write_json(out_dir / "metrics.json", {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
+        write_json(run.metrics, {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
                                                      "task": cfg.task.name, "seed": cfg.seed, **metrics})
         log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
         if logger is not None:
-            log.info("%s", tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
+            log.info("MLflow run %s: %s", run_id, tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
     return metrics

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .config import CONF_DIR, POSENC, XT, Settings, compose_configs, discover_schemes
+from .config import CONF_DIR, POSENC, XT, BenchSettings, compose_configs, discover_schemes
 from .figure import plot
 from .memory import default_memory_budget_gb, memory_probe
 from ..files import write_json, write_text
@@ -49,7 +49,7 @@ def parse_per_length(flag: str, items: Iterable[str]) -> dict[int, int]:
     return out
 
 
-def settings_from_args(a: argparse.Namespace) -> Settings:
+def settings_from_args(a: argparse.Namespace) -> BenchSettings:
     schemes = a.schemes or discover_schemes()
     unknown = [s for s in schemes if not (CONF_DIR / "encoding" / f"{s}.yaml").exists()]
     if unknown:
@@ -70,7 +70,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
     device = (
         "cuda" if (a.device == "auto" and torch.cuda.is_available()) else ("cpu" if a.device == "auto" else a.device)
     )
-    return Settings(
+    return BenchSettings(
         schemes=list(dict.fromkeys(schemes)),
         lengths=list(dict.fromkeys(lengths)),
         repeats=rep,
@@ -139,7 +139,7 @@ def rerender(path: Path, out_dir: Path | None) -> dict[str, Path]:
     st = dict(res["meta"]["settings"])
     for key in ("repeats", "warmup"):
         st[key] = {int(t): n for t, n in st[key].items()}
-    s = Settings(**st)
+    s = BenchSettings(**st)
     res["meta"]["settings"] = asdict(s)
     res["summary"] = summarize(res, s)
     res["targets"] = evaluate_targets(res["summary"], s)

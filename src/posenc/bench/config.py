@@ -54,7 +54,7 @@ TARGET_MEM_BIAS = 1.5
 
 
 @dataclass
-class Settings:
+class BenchSettings:
     schemes: list[str]
     lengths: list[int]
     repeats: dict[int, int]
@@ -92,17 +92,14 @@ def compose_configs(model_name: str, schemes: list[str], max_length: int, tiny: 
     defaults lists included). ``model.max_len`` is raised to the longest
     benchmarked length; ``--tiny`` overrides the sizes. The memory probes get
     these dicts, so they never read config files."""
-    from hydra import compose, initialize_config_dir
-
-    from .. import train  # noqa: F401 - registers the config schemas in Hydra's ConfigStore
+    from ..config import compose
 
     encodings: dict[str, dict] = {}
     model: dict[str, Any] = {}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for sch in schemes:
-            cfg = compose("train", overrides=[f"model={model_name}", f"encoding={sch}", "task=lm"])
-            encodings[sch] = OmegaConf.to_container(cfg.encoding.scheme, resolve=True)
-            model = OmegaConf.to_container(cfg.model, resolve=True)
+    for sch in schemes:
+        cfg = compose([f"model={model_name}", f"encoding={sch}", "task=lm"], str(CONF_DIR))
+        encodings[sch] = OmegaConf.to_container(cfg.encoding.scheme, resolve=True)
+        model = OmegaConf.to_container(cfg.model, resolve=True)
     model = {k: v for k, v in model.items() if k != "_target_"}
     if tiny:
         model.update(TINY_MODEL)

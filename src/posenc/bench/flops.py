@@ -91,7 +91,7 @@ FLOP_FIT_LENGTHS = (16, 32, 48)
 FLOP_CHECK_LENGTH = 64
 
 
-def _quadratic(points: list[tuple[int, int]]) -> Callable[[int], float]:
+def quadratic_fit(points: list[tuple[int, int]]) -> Callable[[int], float]:
     """The quadratic through three (T, flops) points (Lagrange form)."""
     (a, fa), (b, fb), (c, fc) = points
 
@@ -124,7 +124,7 @@ def flop_model(r: Runner, vocab_size: int, seed: int) -> dict[str, Any]:
             return count_flops(lambda: r.train_step(x, y) if mode == "train" else r.eval_step(x))
 
         pts = [(t, count(t)) for t in FLOP_FIT_LENGTHS]
-        f = _quadratic(pts)
+        f = quadratic_fit(pts)
         check = count(FLOP_CHECK_LENGTH)
         out[mode] = {"points": pts + [(FLOP_CHECK_LENGTH, check)], "exact": abs(f(FLOP_CHECK_LENGTH) - check) < 0.5}
         out[mode]["fn"] = f

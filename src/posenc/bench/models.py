@@ -14,25 +14,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import POSENC, Settings
+from .config import POSENC, BenchSettings
 from .xtransformers import build_xt
 
 # ------------------------------------------------------------------ models
 
 
 def build_posenc(scheme: str, enc: dict[str, Any], model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
-    """The causal Transformer with scheme node ``enc`` (``_target_``, ``_partial_``) at ``model_cfg``.
+    """The causal Transformer with scheme node ``enc`` (``_target_``, ``_partial_``) at
+    ``model_cfg``, built as training builds it (``posenc.config.build_model``, which does
+    not import Lightning, so the memory probes do not pay for it)."""
+    from ..config import build_model
 
-    Same construction as ``posenc.module.build_model`` (ModelConfig + the
-    instantiated partial scheme) without importing ``posenc.module``, so the
-    memory probes do not pay for importing Lightning.
-    """
-    from hydra.utils import instantiate
-
-    from ..model import ModelConfig, Transformer
-
-    factory = instantiate(enc)
-    return Transformer(ModelConfig(vocab_size=vocab_size, causal=True, **model_cfg), factory)
+    return build_model({"model": model_cfg, "encoding": {"scheme": enc}, "task": {"causal": True}}, vocab_size)
 
 
 def build_unit(impl: str, scheme: str, enc: dict[str, Any], model_cfg: dict[str, Any], vocab_size: int) -> nn.Module:
@@ -99,7 +93,7 @@ def _error(impl: str, scheme: str, T: int | None, e: BaseException) -> dict[str,
     return {"impl": impl, "scheme": scheme, "T": T, "error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def _classes(s: Settings) -> dict[str, str]:
+def _classes(s: BenchSettings) -> dict[str, str]:
     """'absolute/rotary' (changes the embeddings or q, k only) or 'bias' (adds to
     the logits or the output), from the scheme's own flags."""
     from hydra.utils import instantiate

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .config import POSENC, TARGET_LENGTH, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS, XT, Settings
+from .config import POSENC, TARGET_LENGTH, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS, XT, BenchSettings
 from .flops import palm_flops_per_token
 from .xtransformers import XT_SHARED
 
@@ -41,7 +41,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(s: Settings, xt_version: str | None) -> dict[str, Any]:
+def environment(s: BenchSettings, xt_version: str | None) -> dict[str, Any]:
     dev = torch.cuda.get_device_name() if s.device == "cuda" else _cpu_name()
     return {
         "settings": asdict(s),
@@ -71,7 +71,7 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> float | None:
     return statistics.median(common) if common else None
 
 
-def summarize(res: dict[str, Any], s: Settings) -> list[dict[str, Any]]:
+def summarize(res: dict[str, Any], s: BenchSettings) -> list[dict[str, Any]]:
     model_cfg = s.model
     times: dict[tuple[str, str, int], dict[str, dict[int, float]]] = {}
     for r in res["raw"]:
@@ -160,7 +160,7 @@ def summarize(res: dict[str, Any], s: Settings) -> list[dict[str, Any]]:
     return rows
 
 
-def evaluate_targets(rows: list[dict[str, Any]], s: Settings) -> list[dict[str, Any]]:
+def evaluate_targets(rows: list[dict[str, Any]], s: BenchSettings) -> list[dict[str, Any]]:
     """The issue's targets at T=1024 (or the length closest to it), one entry per check.
 
     absolute/rotary: step time <= 1.05 x none; bias: step time <= 1.25 x none

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .config import POSENC, XT, Settings
+from .config import POSENC, XT, BenchSettings
 from .flops import flop_model, matmul_peak
 from .memory import limit_memory, probe_memory_cpu, probe_memory_cuda, restore_memory_limit
 from .models import Runner, _classes, _error, batch_for, build_unit
@@ -40,7 +40,7 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, desc="bench", file=sys.stderr, dynamic_ncols=True)
 
 
-def run_benchmark(s: Settings) -> dict[str, Any]:
+def run_benchmark(s: BenchSettings) -> dict[str, Any]:
     """Measure everything; returns the result dict (see ``write_outputs``).
 
     Torch's thread count and the address-space cap are restored afterwards,
@@ -55,7 +55,7 @@ def run_benchmark(s: Settings) -> dict[str, Any]:
 
 
 class _Bench:
-    def __init__(self, s: Settings):
+    def __init__(self, s: BenchSettings):
         self.s = s
         self.notes: list[str] = []
         self.errors: list[dict[str, Any]] = []

@@ -2,9 +2,9 @@
 
 from .absolute import Learned, NoPE, Sinusoidal, sinusoid, sinusoidal_table
 from .base import TERM_NAMES, PositionalScheme, is_contiguous, relative_positions, toeplitz
-from .bias import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_relative_bucket
+from .position_bias import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_relative_bucket
 from .cape import CAPE
-from .relative import (
+from .content_bias import (
     FixedBidirectional,
     Shaw,
     SkewRelative,

@@ -1,17 +1,35 @@
 """The positional-scheme interface shared by every encoding.
 
-A scheme may act at three points of a transformer; each hook defaults to
-"no effect", so a scheme overrides only what it needs:
+A scheme is the parts it defines. Every part defaults to "no effect", so a
+scheme defines only what it needs:
 
-* ``embed(x, pos)``: returns what is added to the token embeddings
-  (sinusoidal, learned, CAPE). Called once, at the input.
+* ``embed(x, pos)``: what is added to the token embeddings (sinusoidal,
+  learned, CAPE). Called once, at the input.
 * ``rotate(q, k, q_pos, k_pos)``: transforms queries and keys (RoPE, xPos).
-* ``bias(q, k, q_pos, k_pos)``: an additive term on the attention logits of
-  shape (B or 1, H, Tq, Tk), already on the scale of the final logits
-  (ALiBi, T5, Shaw, Transformer-XL, TUPE, KERPLE, FIRE).
+* ``relative_bias(rel)``: an additive logit term of the distance j - i alone,
+  one value per head and distance, (H, R) (ALiBi, T5, KERPLE, TUPE-R's buckets).
+* ``absolute_bias(q_pos, k_pos)``: any other additive logit term from positions
+  alone, (1, H, Tq, Tk) (FIRE, TUPE's untied positional correlation).
+* ``content_bias(q, k, q_pos, k_pos)``: an additive logit term that reads the
+  queries or keys, (B or 1, H, Tq, Tk) (Shaw, skew, Transformer-XL, the fixed
+  bidirectional encoding).
+* ``value_term(probs, q_pos, k_pos)``: added to the attention output, from the
+  attention probabilities (Shaw's relative values).
 
-A scheme that needs the attention probabilities (Shaw's relative values)
-sets ``uses_value_term`` and implements ``value_term``.
+Every bias part is on the scale of the final logits. What kind of scheme a class
+is follows from the parts it defines and from nothing else: ``has_bias``,
+``position_only_bias`` and ``uses_value_term`` are derived when the class is
+created (``__init_subclass__``), so the attention route, the logits and the Ke et
+al. terms cannot disagree about a scheme. A class that sets one of them, or
+defines the composite ``bias`` or ``position_bias`` itself, is refused with a
+TypeError naming the parts to define instead. ``bias`` (every bias part, summed)
+is what ``Attention.logits`` and ``terms`` use; attention's memory-light backward
+reads the position parts directly (``relative_bias`` once on the 2T - 1
+distances, ``absolute_block`` a block of query rows at a time).
+
+Three settings are choices, not parts, and stay class attributes:
+``shared_across_layers``, ``causal_only`` and ``relative`` (a claim about the math,
+which the tests check both ways).
 
 Positions are explicit int64 tensors of shape (T,), so a model can be
 evaluated at any offset and length.
@@ -48,18 +66,47 @@ class PositionalScheme(nn.Module):
     shared_across_layers: bool = True
     #: the scheme only makes sense in causal attention
     causal_only: bool = False
-    #: the scheme needs attention probabilities (``value_term``)
-    uses_value_term: bool = False
-    #: the scheme changes the attention logits (bias) or not
-    has_bias: bool = False
-    #: the bias depends on positions alone (not on q, k): the model computes it,
-    #: with the causal mask folded in, once per forward and scheme instance
-    position_only_bias: bool = False
     #: the logits depend on positions only through the distance j - i, so shifting
     #: every position by the same amount changes nothing. A claim about the math, so
     #: it is declared; the tests check it both ways (unchanged under a shift when
     #: True, changed when False)
     relative: bool = False
+
+    # Derived from the parts a class defines (``__init_subclass__``), never set by hand.
+    #: the scheme adds to the attention logits (a bias part)
+    has_bias: bool = False
+    #: its bias depends on positions alone (a relative or absolute part and no content
+    #: part): the model computes it, with the causal mask folded in, once per forward
+    #: and scheme instance
+    position_only_bias: bool = False
+    #: the scheme needs the attention probabilities (``value_term``)
+    uses_value_term: bool = False
+
+    #: the parts a scheme may define, and what is derived from them
+    PARTS = ("embed", "rotate", "relative_bias", "absolute_bias", "content_bias", "value_term")
+    DERIVED = ("has_bias", "position_only_bias", "uses_value_term", "bias", "position_bias")
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        own = [name for name in PositionalScheme.DERIVED if name in cls.__dict__]
+        if own:
+            raise TypeError(
+                f"{cls.__name__} defines {', '.join(own)}, which follow from the parts a scheme defines: "
+                "define relative_bias(rel) (a bias of j - i alone), absolute_bias(q_pos, k_pos) (any other bias "
+                "from positions), content_bias(q, k, q_pos, k_pos) (a bias that reads q or k) or "
+                "value_term(probs, q_pos, k_pos) instead"
+            )
+        content = cls.defines("content_bias")
+        cls.has_bias = cls.defines("relative_bias") or cls.defines("absolute_bias") or content
+        cls.position_only_bias = cls.has_bias and not content
+        cls.uses_value_term = cls.defines("value_term")
+
+    @classmethod
+    def defines(cls, part: str) -> bool:
+        """Whether the class defines (overrides) ``part``, one of ``PARTS``."""
+        if part not in PositionalScheme.PARTS:
+            raise ValueError(f"{part!r} is not a part of a scheme; the parts are {', '.join(PositionalScheme.PARTS)}")
+        return getattr(cls, part) is not getattr(PositionalScheme, part)
 
     def __init__(self, *, d_model: int, n_heads: int, max_len: int = 1024, causal: bool = True):
         super().__init__()
@@ -90,13 +137,13 @@ class PositionalScheme(nn.Module):
             return "content-relative"
         if cls.has_bias:
             return "position bias"
-        if cls.rotate is not PositionalScheme.rotate:
+        if cls.defines("rotate"):
             return "rotary"
-        if cls.embed is not PositionalScheme.embed:
+        if cls.defines("embed"):
             return "absolute"
         return "none"
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ parts
     def embed(self, x: Tensor, pos: Tensor) -> Tensor | None:
         """What is added to token embeddings x (B, T, D) at positions pos (T,)."""
         return None
@@ -105,50 +152,68 @@ class PositionalScheme(nn.Module):
         """Transform q (B, H, Tq, Dh) and k (B, H, Tk, Dh)."""
         return q, k
 
-    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """Additive logit term, (B or 1, H, Tq, Tk), on the final logit scale."""
+    def relative_bias(self, rel: Tensor) -> Tensor | None:
+        """A bias that depends on j - i alone: (H, R) for relative positions ``rel`` (R,)."""
+        return None
+
+    def absolute_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """A bias from positions that is not a function of j - i alone, (1, H, Tq, Tk)."""
+        return None
+
+    def content_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """A bias that reads the (rotated) queries q (B, H, Tq, Dh) or keys k (B, H, Tk, Dh),
+        (B or 1, H, Tq, Tk)."""
         return None
 
     def value_term(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Added to the attention output, from probabilities (B, H, Tq, Tk)."""
         raise NotImplementedError
 
-    # A position-only bias is also available in two parts, which attention's
-    # memory-light backward (``posenc.attention``) uses for contiguous positions:
-    #   bias = bias_block(...) + toeplitz(relative_bias(j - i)),
-    # a part that depends on j - i alone (``relative_bias``, evaluated on the
-    # 2T - 1 distinct distances; None if there is none) and the rest
-    # (``bias_block``, built a block of query rows at a time from
-    # ``bias_parts``, what every block shares; None if there is none). The
-    # defaults put everything in ``bias_block``.
-    def relative_bias(self, rel: Tensor) -> Tensor | None:
-        """The part of a position-only bias that depends on j - i alone: (H, R)
-        for relative positions ``rel`` (R,), or None."""
-        return None
-
-    def bias_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
-        """Tensors shared by every block of ``bias_block``."""
+    # The absolute part a block of query rows at a time, for attention's memory-light
+    # backward: ``absolute_parts`` are tensors every block shares (TUPE's projected
+    # tables), ``absolute_block`` one block. The defaults evaluate ``absolute_bias``
+    # on the block's positions; a scheme overrides them only to share work.
+    def absolute_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
+        """Tensors shared by every block of ``absolute_block``."""
         return ()
 
-    def bias_block(
+    def absolute_block(
         self, parts: tuple[Tensor, ...], q_pos: Tensor, k_pos: Tensor, rows: slice, cols: slice
     ) -> Tensor | None:
-        """The part of the bias outside ``relative_bias`` for query rows ``rows`` and
-        key columns ``cols``, (1, H, rows, cols), or None."""
-        return self.bias(None, None, q_pos[rows], k_pos[cols])
+        """``absolute_bias`` for query rows ``rows`` and key columns ``cols``, (1, H, rows, cols), or None."""
+        return self.absolute_bias(q_pos[rows], k_pos[cols])
 
-    def position_bias(self, pos: Tensor) -> Tensor:
-        """``bias(None, None, pos, pos)`` of a position-only scheme, built from the
-        two parts when ``pos`` is contiguous (the relative part on 2T - 1 distances)."""
-        if not is_contiguous(pos):
-            return self.bias(None, None, pos, pos)
-        T, every = pos.shape[0], slice(None)
-        b = self.bias_block(self.bias_parts(pos, pos), pos, pos, every, every)
-        vals = self.relative_bias(torch.arange(1 - T, T, device=pos.device))
-        if vals is not None:
-            rel = toeplitz(vals, T, T)[None]
-            b = rel if b is None else b + rel
-        return b
+    # ------------------------------------------------ derived from the parts, final
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """The bias from positions alone, (1, H, Tq, Tk): the absolute part plus the
+        relative part laid out by distance (a Toeplitz matrix of the Tq + Tk - 1
+        distances for consecutive positions, one value per pair otherwise); None
+        without either."""
+        out = self.absolute_bias(q_pos, k_pos)
+        if not self.defines("relative_bias"):
+            return out
+        if is_contiguous(q_pos) and is_contiguous(k_pos):
+            Tq, Tk = q_pos.shape[0], k_pos.shape[0]
+            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)  # the smallest j - i
+            vals = self.relative_bias(torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device))
+            rel = None if vals is None else toeplitz(vals, Tq, Tk)[None]
+        else:
+            d = relative_positions(q_pos, k_pos)
+            vals = self.relative_bias(d.flatten())
+            rel = None if vals is None else vals.view(-1, *d.shape)[None]
+        if rel is None:
+            return out
+        return rel if out is None else out + rel
+
+    def bias(self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """Every bias part summed, (B or 1, H, Tq, Tk), or None: the additive logit term
+        that ``Attention.logits`` and ``terms`` use (q and k may be None when the
+        scheme's bias is position-only)."""
+        out = self.position_bias(q_pos, k_pos)
+        if not self.defines("content_bias"):
+            return out
+        c = self.content_bias(q, k, q_pos, k_pos)
+        return c if out is None else out + c
 
     def logit_scale(self) -> float:
         """Factor on the content product q.k (1/sqrt(head_dim) by default)."""
@@ -198,11 +263,6 @@ class PositionalScheme(nn.Module):
             pp = out.get("position-position", 0) + b
             out["position-position"] = pp.expand(out["word-word"].shape)
         return out
-
-
-def check_positions(pos: Tensor) -> None:
-    if pos.dim() != 1 or pos.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"positions must be a 1-D integer tensor, got {tuple(pos.shape)} {pos.dtype}")
 
 
 def is_contiguous(pos: Tensor) -> bool:

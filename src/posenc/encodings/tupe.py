@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalScheme, relative_positions
-from .bias import t5_relative_bucket
+from .base import PositionalScheme
+from .position_bias import t5_relative_bucket
 
 
 class TUPE(PositionalScheme):
@@ -45,8 +45,6 @@ class TUPE(PositionalScheme):
         init_std: standard deviation of the initial position table.
     """
 
-    has_bias = True
-    position_only_bias = True
     shared_across_layers = True
 
     def __init__(
@@ -85,7 +83,7 @@ class TUPE(PositionalScheme):
         p = self.table[pos]  # (T, D)
         return lin(p).view(pos.shape[0], self.n_heads, self.head_dim).transpose(0, 1)  # (H, T, Dh)
 
-    def bias_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
+    def absolute_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
         """Projected position tables p_i U^Q and p_j U^K, (H, T, Dh) each."""
         lo = int(torch.minimum(q_pos.min(), k_pos.min()))
         self.check_length(int(torch.maximum(q_pos.max(), k_pos.max())) + 1)
@@ -93,7 +91,7 @@ class TUPE(PositionalScheme):
             raise ValueError("encoding=tupe got a negative position")
         return self._project(self.u_q, q_pos), self._project(self.u_k, k_pos)
 
-    def bias_block(self, parts, q_pos, k_pos, rows, cols):
+    def absolute_block(self, parts, q_pos, k_pos, rows, cols):
         pq, pk = parts
         qp, kp = q_pos[rows], k_pos[cols]
         corr = pq[:, rows] @ pk[:, cols].transpose(-1, -2) * self.logit_scale()
@@ -108,13 +106,9 @@ class TUPE(PositionalScheme):
             return None
         return self.rel(t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)).T  # (H, R)
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         every = slice(None)
-        b = self.bias_block(self.bias_parts(q_pos, k_pos), q_pos, k_pos, every, every)
-        if self.rel is not None:
-            rel = relative_positions(q_pos, k_pos)
-            b = b + self.relative_bias(rel.flatten()).view(-1, *rel.shape)
-        return b
+        return self.absolute_block(self.absolute_parts(q_pos, k_pos), q_pos, k_pos, every, every)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", untie_cls={self.untie_cls}, relative_bias={self.rel is not None}"

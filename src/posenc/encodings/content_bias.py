@@ -225,8 +225,6 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
         init_std: standard deviation of the initial vectors.
     """
 
-    has_bias = True
-    uses_value_term = True
     relative = True
     shared_across_layers = False
 
@@ -244,7 +242,7 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
         k = self.max_relative_position
         return relative_positions(q_pos, k_pos).clamp(-k, k) + k
 
-    def bias(self, q, k, q_pos, k_pos):
+    def content_bias(self, q, k, q_pos, k_pos):
         scores = q @ self.rel_key.to(q.dtype).T  # (B, H, Tq, 2k+1)
         idx = self.index(q_pos, k_pos)
         return scores.gather(-1, idx.expand(*scores.shape[:-1], idx.shape[-1])) * self.logit_scale()
@@ -280,7 +278,6 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
         init_std: standard deviation of the initial vectors.
     """
 
-    has_bias = True
     relative = True
     shared_across_layers = False
 
@@ -296,7 +293,7 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
         k = self.max_relative_position
         return self.rel_key[dist_ji.clamp(-k, k) + k]  # (n, Dh)
 
-    def bias(self, q, k, q_pos, k_pos):
+    def content_bias(self, q, k, q_pos, k_pos):
         Tq, Tk = q_pos.shape[0], k_pos.shape[0]
         s = self.logit_scale()
         if is_contiguous(q_pos) and is_contiguous(k_pos):  # j - i from k0 - (q0 + Tq - 1) to k0 + Tk - 1 - q0
@@ -330,7 +327,6 @@ class TransformerXL(PositionalScheme):
     test_relative_shift_exact_contents.
     """
 
-    has_bias = True
     relative = True
     shared_across_layers = False
 
@@ -354,7 +350,7 @@ class TransformerXL(PositionalScheme):
         uk = self.u.to(k.dtype)[None, :, None, :] @ k.transpose(-1, -2)  # (c) (B, H, 1, Tk)
         return rel_q, uk, rel_v
 
-    def bias(self, q, k, q_pos, k_pos):
+    def content_bias(self, q, k, q_pos, k_pos):
         a = q + self.v.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
         rel = relative_logits(a, self.r, q_pos, k_pos, self.causal)  # (B, H, Tq, Tk)
         uk = self.u.to(k.dtype)[None, :, None, :] @ k.transpose(-1, -2)  # (B, H, 1, Tk)
@@ -391,7 +387,6 @@ class FixedBidirectional(_ContentBiasTerms, PositionalScheme):
     test_relative_shift_exact_contents.
     """
 
-    has_bias = True
     relative = True
 
     def __init__(self, *, base: float = 10000.0, **kw):
@@ -401,5 +396,5 @@ class FixedBidirectional(_ContentBiasTerms, PositionalScheme):
     def r(self, dist: Tensor) -> Tensor:
         return sinusoid(dist, self.head_dim, self.base)  # (n, Dh)
 
-    def bias(self, q, k, q_pos, k_pos):
+    def content_bias(self, q, k, q_pos, k_pos):
         return relative_logits(q, self.r, q_pos, k_pos, self.causal) * self.logit_scale()

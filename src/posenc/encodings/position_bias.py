@@ -1,4 +1,5 @@
-"""Bias schemes: an additive term on the attention logits from positions alone."""
+"""Position-bias schemes: an additive term on the attention logits from positions alone
+(ALiBi, T5, KERPLE, FIRE; TUPE in ``tupe``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalScheme, relative_positions
+from .base import PositionalScheme
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -62,12 +63,6 @@ def t5_relative_bucket(
     return ret + torch.where(is_small, n, large)
 
 
-def relative_to_dense(scheme: PositionalScheme, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """(1, H, Tq, Tk) bias of a scheme whose bias is ``relative_bias`` alone, at any positions."""
-    rel = relative_positions(q_pos, k_pos)
-    return scheme.relative_bias(rel.flatten()).view(-1, *rel.shape)[None]
-
-
 class ALiBi(PositionalScheme):
     """Attention with linear biases (Press et al. 2022): -slope_h * |i - j|.
 
@@ -77,8 +72,6 @@ class ALiBi(PositionalScheme):
     rule (also for H not a power of two) in test_alibi_slopes.
     """
 
-    has_bias = True
-    position_only_bias = True
     relative = True
 
     def __init__(self, **kw):
@@ -88,11 +81,6 @@ class ALiBi(PositionalScheme):
     def relative_bias(self, rel):
         return -self.slopes[:, None] * rel.abs().to(self.slopes.dtype)  # (H, R)
 
-    def bias(self, q, k, q_pos, k_pos):
-        return relative_to_dense(self, q_pos, k_pos)
-
-    def bias_block(self, parts, q_pos, k_pos, rows, cols):
-        return None
 
 
 class T5Bias(PositionalScheme):
@@ -105,10 +93,7 @@ class T5Bias(PositionalScheme):
     test_t5_relative_bucket_vs_reference.
     """
 
-    has_bias = True
-    position_only_bias = True
-    relative = True
-    shared_across_layers = True
+    relative = True  # one table for all layers (shared_across_layers, the default)
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw):
         super().__init__(**kw)
@@ -120,11 +105,6 @@ class T5Bias(PositionalScheme):
     def relative_bias(self, rel):
         return self.table(t5_relative_bucket(rel, not self.causal, self.num_buckets, self.max_distance)).T
 
-    def bias(self, q, k, q_pos, k_pos):
-        return relative_to_dense(self, q_pos, k_pos)
-
-    def bias_block(self, parts, q_pos, k_pos, rows, cols):
-        return None
 
 
 class Kerple(PositionalScheme):
@@ -142,8 +122,6 @@ class Kerple(PositionalScheme):
         init_r1, init_r2: ranges (low, high) of the uniform initial values.
     """
 
-    has_bias = True
-    position_only_bias = True
     relative = True
     shared_across_layers = False
 
@@ -174,11 +152,6 @@ class Kerple(PositionalScheme):
         dist = rel.abs().to(self.raw_r1.dtype)
         return -self.r1[:, None] * torch.log1p(self.r2[:, None] * dist)  # (H, R)
 
-    def bias(self, q, k, q_pos, k_pos):
-        return relative_to_dense(self, q_pos, k_pos)
-
-    def bias_block(self, parts, q_pos, k_pos, rows, cols):
-        return None
 
 
 class FIRE(PositionalScheme):
@@ -206,8 +179,6 @@ class FIRE(PositionalScheme):
         eps: added to the normaliser.
     """
 
-    has_bias = True
-    position_only_bias = True
     relative = True
     shared_across_layers = False
 
@@ -237,6 +208,6 @@ class FIRE(PositionalScheme):
         norm = torch.maximum(torch.maximum(qp, kp), self.threshold.abs())
         return torch.sign(d) * self.psi(d.abs()) / (self.psi(norm) + self.eps)
 
-    def bias(self, q, k, q_pos, k_pos):
+    def absolute_bias(self, q_pos, k_pos):
         x = self.normalized_distance(q_pos, k_pos)
         return self.mlp(x[..., None]).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
