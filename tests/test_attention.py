@@ -311,3 +311,28 @@ def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, 
         alone = model.blocks[1].attn(h, pos)
     assert calls["route"] == 2  # the layer alone planned for itself
     torch.testing.assert_close(alone, inside, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,causal,extra", CASES)
+def test_last_positions_equal_the_full_forward(name, causal, extra):
+    """``Transformer.forward(last=k)`` (the top block's queries, feed-forward and output for
+    the last k positions alone) equals the last k rows of the full forward, in values and in
+    the gradient of every parameter for a loss on those rows, for every scheme and mode, at
+    offset positions (eval mode: CAPE's training draws would differ between the two calls;
+    gradients on, so the full forward takes the training routes)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=64, causal=causal)
+    model = Transformer(cfg, factory(name, **extra)).eval()
+    with torch.no_grad():
+        for p in model.positional_parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    idx, pos = torch.randint(0, V, (2, 20)), torch.arange(20) + 3
+    full = model(idx, pos)[:, -5:]
+    part = model(idx, pos, last=5)
+    torch.testing.assert_close(part, full, atol=2e-5, rtol=2e-5)
+    params = [p for p in model.parameters() if p.requires_grad]
+    upstream = torch.randn_like(full)
+    for a, b in zip(grads(part, upstream, params), grads(full, upstream, params)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
+    with pytest.raises(ValueError, match="last=0"):
+        model(idx, last=0)

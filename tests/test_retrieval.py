@@ -136,17 +136,17 @@ class Copier(torch.nn.Module):
     def check_length(self, length: int) -> None:
         pass
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, last: int | None = None) -> torch.Tensor:
         B, T = idx.shape
         out = torch.zeros(B, T, self.vocab)
         for b in range(B):
             row = idx[b].tolist()
-            last: dict[int, int] = {}
+            seen: dict[int, int] = {}
             for t, tok in enumerate(row):
-                guess = row[last[tok] + 1] if tok in last else DIGIT_IDS[0]
+                guess = row[seen[tok] + 1] if tok in seen else DIGIT_IDS[0]
                 out[b, t, guess] = 1.0
-                last[tok] = t
-        return out
+                seen[tok] = t
+        return out if last is None else out[:, T - last :]
 
 
 class Guesser(torch.nn.Module):
@@ -159,7 +159,8 @@ class Guesser(torch.nn.Module):
     def check_length(self, length: int) -> None:
         pass
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        idx = idx if last is None else idx[:, idx.shape[1] - last :]
         out = torch.zeros(*idx.shape, len(STRINGS))
         pick = torch.tensor(DIGIT_IDS)[torch.randint(10, idx.shape, generator=self.gen)]
         return out.scatter_(-1, pick[..., None], 1.0)
@@ -187,8 +188,8 @@ class HalfCopier(Copier):
     """Copies when the needle's key is one of the first four markers: right on about
     half the trials, so every cell needs more than the first trials."""
 
-    def forward(self, idx):
-        out = super().forward(idx)
+    def forward(self, idx, last=None):
+        out = super().forward(idx, last)
         for b in range(idx.shape[0]):
             if idx[b, -5].item() not in SYM.keys[:4]:
                 out[b] = out[b].roll(1, -1)
@@ -373,3 +374,17 @@ def test_the_retrieval_summary_tables_hold_the_means_over_depths_and_name_every_
     assert len(tidy) == 20 and tidy["trials"].eq(0).sum() == 5 and set(tidy["scheme"]) == {"none", "learned"}
     for name in ("grid", "curves", "reach"):
         assert (tmp_path / "fig" / f"{name}.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("needles,digits", [(1, 5), (2, 4), (3, 2)])
+def test_the_scored_suffix_holds_every_scored_target_and_starts_with_one(needles, digits):
+    """``Layout.scored``, the suffix the model computes its top layer for in training
+    (``LMModule`` with ``Transformer.forward(last=)``), holds every scored target of a
+    window, and no shorter suffix does."""
+    layout = rt.Layout(40, needles, digits)
+    examples = rt.RetrievalExamples(FILLER, SYM, layout, 0)
+    for g in range(20):
+        _, y = examples[g]
+        scored = (y != rt.IGNORE).nonzero().flatten()
+        assert int(scored.min()) == 40 - layout.scored and int(scored.max()) == 39
+        assert len(scored) == needles * digits

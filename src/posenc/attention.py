@@ -244,7 +244,7 @@ class Attention(nn.Module):
         plan = plan or plan_attention([self], h, pos)
         q, k, v = self.project(h)
         if plan.route == PROBABILITIES:
-            y = self._probabilities(q, k, v, pos)
+            y = self._probabilities(q, k, v, pos, pos)
         else:
             q, k = self.scheme.rotate(q, k, pos, pos)
             if plan.route == FUSED:
@@ -274,12 +274,23 @@ class Attention(nn.Module):
             q, k, v, mask.detach(), pos, self.scheme, self.causal, self.scheme.logit_scale(), *params
         )
 
-    def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> Tensor:
-        att = self.logits(q, k, pos, pos)
+    def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        att = self.logits(q, k, q_pos, k_pos)
         if self.causal:
-            att = att + causal_mask(pos, pos, att.dtype)
+            att = att + causal_mask(q_pos, k_pos, att.dtype)
         probs = F.dropout(att.softmax(-1), self.dropout if self.training else 0.0, self.training)
-        return probs @ v + self.scheme.value_term(probs, pos, pos)
+        if not self.scheme.uses_value_term:
+            return probs @ v
+        return probs @ v + self.scheme.value_term(probs, q_pos, k_pos)
+
+    def last_rows(self, h: Tensor, pos: Tensor, last: int) -> Tensor:
+        """The output at the last ``last`` positions alone, (B, last, D): their queries
+        against every key and value of h (B, T, D), on the reference path (``logits``,
+        the causal mask, the softmax), O(last * T) and not O(T^2)."""
+        B, T, D = h.shape
+        q, k, v = self.project(h)
+        y = self._probabilities(q[:, :, T - last :], k, v, pos[T - last :], pos)
+        return self.out(y.transpose(1, 2).reshape(B, last, D))
 
     def terms(self, h_word: Tensor, h_posn: Tensor | None, pos: Tensor) -> dict[str, Tensor]:
         """Named logit terms for an input split as h = h_word + h_posn.

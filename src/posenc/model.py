@@ -48,8 +48,12 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, pos: Tensor, plan: AttentionPlan | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), pos, plan)
+    def forward(self, x: Tensor, pos: Tensor, plan: AttentionPlan | None = None, last: int | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D), or (B, last, D) for the last ``last`` positions alone."""
+        if last is None:
+            x = x + self.attn(self.ln1(x), pos, plan)
+        else:
+            x = x[:, x.shape[1] - last :] + self.attn.last_rows(self.ln1(x), pos, last)
         return x + self.mlp(self.ln2(x))
 
 
@@ -121,16 +125,28 @@ class Transformer(nn.Module):
         posn = self.scheme.embed(word, pos)
         return word, posn
 
-    def forward(self, idx: Tensor, pos: Tensor | None = None) -> Tensor:
-        """idx (B, T) token ids -> logits (B, T, V). pos defaults to 0..T-1."""
+    def forward(self, idx: Tensor, pos: Tensor | None = None, last: int | None = None) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, V). pos defaults to 0..T-1.
+
+        ``last``: the logits of the last ``last`` positions alone, (B, last, V): the top
+        block then computes queries, feed-forward and output for those positions only
+        (every block below, and the top block's keys and values, see every position),
+        which is all a loss on a suffix needs (the retrieval task's answer), at about
+        half the cost for the study's 2-layer model. Equal to the full forward's last
+        rows to float rounding (the top block takes the reference path); checked for
+        every scheme, values and gradients, in test_last_positions_equal_the_full_forward."""
         B, T = idx.shape
+        if last is not None and not 1 <= last <= T:
+            raise ValueError(f"last={last}: choose between 1 and the sequence length {T}")
         if pos is None:
             pos = torch.arange(T, device=idx.device)
         word, posn = self.embed(idx, pos)
         x = self.drop(word if posn is None else word + posn)
         plan = plan_attention([b.attn for b in self.blocks], x, pos)  # route and shared masks, once
-        for block in self.blocks:
+        *below, top = self.blocks
+        for block in below:
             x = block(x, pos, plan)
+        x = top(x, pos, plan, last)
         return self.lm_head(self.ln_f(x))
 
     @torch.no_grad()

@@ -49,6 +49,14 @@ class LMModule(L.LightningModule):
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
         self.with_accuracy = self.cfg.task.objective in ("mlm", "retrieval")
+        # the retrieval task scores a suffix of every window (the answers of its queries):
+        # the model computes the top layer for that suffix alone (``Transformer.forward(last=)``)
+        self.scored_suffix = None
+        if self.cfg.task.objective == "retrieval":
+            from .retrieval import Layout
+
+            self.scored_suffix = Layout(int(self.cfg.data.seq_len), int(self.cfg.task.get("needles", 1)),
+                                        int(self.cfg.task.get("digits", 5))).scored
         if self.with_accuracy:
             acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
             self.val_acc, self.test_acc = acc(), acc()
@@ -59,7 +67,9 @@ class LMModule(L.LightningModule):
 
     def _step(self, batch, metric: Perplexity | None, stage: str):
         x, y = batch
-        logits = self.model(x).float()  # (B, T, V)
+        if self.scored_suffix is not None:
+            y = y[:, -self.scored_suffix :]
+        logits = self.model(x, last=self.scored_suffix).float()  # (B, T or the scored suffix, V)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         if not torch.isfinite(loss):
             raise FloatingPointError(

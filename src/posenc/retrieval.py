@@ -103,6 +103,12 @@ class Layout:
     def filler(self) -> int:
         return self.length + 1 - self.fixed
 
+    @property
+    def scored(self) -> int:
+        """How many input positions at the end of a window hold every scored target: the
+        query block (needles x (1 + digits) tokens) but its first key."""
+        return self.needles * (1 + self.digits) - 1
+
 
 def build(filler: np.ndarray, starts: Sequence[int], values: np.ndarray, keys: Sequence[int], order: Sequence[int],
           sym: Symbols, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,8 +208,10 @@ def trials_for(half_width: float, z: float = 1.959964) -> int:
 
 @torch.no_grad()
 def score_batch(model, x: torch.Tensor, y: torch.Tensor, digits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exact match (B,), digits right (B,)) of a batch under teacher forcing."""
-    logits = model(x)
+    """(exact match (B,), digits right (B,)) of a batch under teacher forcing; the model
+    computes the last ``digits`` positions alone (the answer of a one-needle window)."""
+    logits = model(x, last=digits)
+    y = y[:, -digits:]
     scored = y != IGNORE
     right = (logits.argmax(-1) == y) & scored
     n_right = right.sum(-1)
@@ -265,13 +273,13 @@ def batch_tokens_for(model) -> int:
 
 
 def evaluate_grid(model, filler: np.ndarray, sym: Symbols, lengths: Sequence[int], depths: Sequence[float] = DEPTHS,
-                  digits: int = 5, seed: int = 0, half_width: float = 0.05, first: int = 40,
+                  digits: int = 5, seed: int = 0, half_width: float = 0.05, first: int = 40, step: int = 20,
                   batch_tokens: int | None = None, device: str = "cpu", progress: bool = False) -> list[dict]:
     """Exact match and per-digit accuracy of ``model`` on every (length, depth) cell.
 
     Trials are ``trial(filler, sym, length, depth, digits, seed, i)`` for i = 0, 1, ...:
     the same for every model. A cell scores ``first`` trials, then adds trials
-    ``first`` at a time until its 95% Wilson interval is at most +-``half_width``
+    ``step`` at a time until its 95% Wilson interval is at most +-``half_width``
     or it reaches ``trials_for(half_width)`` trials (the count that bounds the
     interval at any accuracy), so a cell at 0% or 100% costs ``first`` trials (40:
     0 of 40 gives [0, 8.8%]) and one near 50% the most. A batch holds about
@@ -294,7 +302,7 @@ def evaluate_grid(model, filler: np.ndarray, sym: Symbols, lengths: Sequence[int
         exact = right = n = 0
         batch_size = max(1, (batch_tokens or batch_tokens_for(model)) // L)
         while n < cap:
-            want = min(cap, n + first) - n
+            want = min(cap, n + (step if n else first)) - n
             for b in range(n, n + want, batch_size):
                 xs, ys = zip(*(trial(filler, sym, L, d, digits, seed, i) for i in range(b, min(n + want, b + batch_size))))
                 e, r = score_batch(model, torch.stack(xs).to(device), torch.stack(ys).to(device), digits)
