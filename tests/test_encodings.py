@@ -292,7 +292,10 @@ def test_shaw_vs_naive_gather(causal, Tq, Tk):
     aK, aV = shaw_tables(sch, q_pos, k_pos)
     ref = torch.einsum("bhid,ijd->bhij", q, aK) / math.sqrt(DH)
     torch.testing.assert_close(sch.bias(q, k, q_pos, k_pos), ref, **TOL)
-    probs = torch.randn(2, H, Tq, Tk).softmax(-1)
+    logits = torch.randn(2, H, Tq, Tk)
+    if causal:  # what causal attention hands the value term: later keys at probability 0
+        logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    probs = logits.softmax(-1)
     torch.testing.assert_close(sch.value_term(probs, q_pos, k_pos), torch.einsum("bhij,ijd->bhid", probs, aV), **TOL)
 
 

@@ -20,6 +20,28 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
 
 #: elements of one (B, H, rows, keys) block in the recomputing backward (2 MiB in fp32)
 BLOCK_ELEMENTS = 2**19
+#: query rows per block of a causal forward with a float mask (``masked_attention``)
+FORWARD_BLOCK_ROWS = 128
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, prefix_causal: bool,
+                     dropout_p: float = 0.0) -> Tensor:
+    """``scaled_dot_product_attention`` with a float ``mask`` (bias plus causal mask). With
+    ``prefix_causal`` (causal attention over increasing positions, queries = keys: a block
+    of rows sees a prefix of the keys) it runs a block of ``FORWARD_BLOCK_ROWS`` query rows
+    at a time against the keys up to the block's last row, so the blocks above the
+    diagonal, -inf throughout, are never computed: the fused kernel skips them with
+    ``is_causal``, but given a float mask it computes all T^2 logits. The same values to
+    float rounding (every route against the dense reference in tests/test_attention.py)."""
+    T = q.shape[-2]
+    if not prefix_causal or T <= FORWARD_BLOCK_ROWS:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    out = []
+    for r0 in range(0, T, FORWARD_BLOCK_ROWS):
+        r1 = min(T, r0 + FORWARD_BLOCK_ROWS)
+        out.append(F.scaled_dot_product_attention(q[..., r0:r1, :], k[..., :r1, :], v[..., :r1, :],
+                                                  attn_mask=mask[..., r0:r1, :r1], dropout_p=dropout_p, scale=scale))
+    return torch.cat(out, dim=-2)
 
 
 def _merge(acc: list[Tensor | None], new: tuple[Tensor | None, ...]) -> list[Tensor | None]:
@@ -66,7 +88,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, pos, scheme, causal, scale, *params):
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
         content = not scheme.position_only_bias
         # a content bias's mask is rebuilt in the backward: keep none
         ctx.save_for_backward(q, k, v, mask if not content else None, pos, y, *params)
@@ -206,9 +228,9 @@ class Attention(nn.Module):
     def logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The pre-mask attention logits (B, H, Tq, Tk) the reference path uses."""
         q, k = self.scheme.rotate(q, k, q_pos, k_pos)
-        att = q @ k.transpose(-1, -2) * self.scheme.logit_scale()
+        att = (q * self.scheme.logit_scale()) @ k.transpose(-1, -2)  # the scale on q: Tq x Dh products, not Tq x Tk
         b = self.scheme.bias(q, k, q_pos, k_pos)
-        return att if b is None else att + b
+        return att if b is None else att.add_(b)
 
     def route(self, x: Tensor, pos: Tensor) -> str:
         """The route of a call with input ``x`` at positions ``pos``. ``recomputed``
@@ -250,7 +272,9 @@ class Attention(nn.Module):
             if plan.route == FUSED:
                 y = self._sdpa(q, k, v, is_causal=self.causal)
             elif plan.route == MASKED:
-                y = self._sdpa(q, k, v, attn_mask=self._mask(q, k, pos, plan))
+                drop = self.dropout if self.training else 0.0
+                increasing = self.causal and bool((pos[1:] > pos[:-1]).all())
+                y = masked_attention(q, k, v, self._mask(q, k, pos, plan), self.scheme.logit_scale(), increasing, drop)
             else:
                 y = self._recomputed(q, k, v, pos, self._mask(q, k, pos, plan))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
@@ -276,8 +300,8 @@ class Attention(nn.Module):
 
     def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         att = self.logits(q, k, q_pos, k_pos)
-        if self.causal:
-            att = att + causal_mask(q_pos, k_pos, att.dtype)
+        if self.causal:  # in place: the same values as adding causal_mask, without a (Tq, Tk) mask
+            att = att.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
         probs = F.dropout(att.softmax(-1), self.dropout if self.training else 0.0, self.training)
         if not self.scheme.uses_value_term:
             return probs @ v

@@ -243,15 +243,41 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
         return relative_positions(q_pos, k_pos).clamp(-k, k) + k
 
     def content_bias(self, q, k, q_pos, k_pos):
-        scores = q @ self.rel_key.to(q.dtype).T  # (B, H, Tq, 2k+1)
+        scores = q @ (self.rel_key.to(q.dtype).T * self.logit_scale())  # (B, H, Tq, 2k+1), scaled before the gather
         idx = self.index(q_pos, k_pos)
-        return scores.gather(-1, idx.expand(*scores.shape[:-1], idx.shape[-1])) * self.logit_scale()
+        return scores.gather(-1, idx.expand(*scores.shape[:-1], idx.shape[-1]))
 
     def value_term(self, probs, q_pos, k_pos):
-        idx = self.index(q_pos, k_pos).expand_as(probs)
-        n = self.rel_value.shape[0]
-        per_distance = probs.new_zeros(*probs.shape[:-1], n).scatter_add(-1, idx, probs)  # (B, H, Tq, 2k+1)
-        return per_distance @ self.rel_value.to(probs.dtype)  # (B, H, Tq, Dh)
+        return self.per_distance(probs, q_pos, k_pos) @ self.rel_value.to(probs.dtype)  # (B, H, Tq, Dh)
+
+    def per_distance(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The probability mass of each row on each clipped distance, (B, H, Tq, 2k+1).
+
+        For consecutive positions, without a scatter of every pair: the 2k - 1
+        unclipped distances are single entries (one gather of Tq x (2k - 1)); the
+        mass at j - i >= k is the row sum of an upper triangle (none in causal
+        attention, where the mask gives every later key probability 0), and the
+        mass at j - i <= -k the rest of the row. Otherwise a scatter of every pair. The
+        same sums in another order (checked against the naive gather in
+        test_shaw_vs_naive_gather)."""
+        k = self.max_relative_position
+        Tq, Tk = probs.shape[-2:]
+        if not (is_contiguous(q_pos) and is_contiguous(k_pos)) or Tq == 0 or Tk == 0:
+            idx = self.index(q_pos, k_pos).expand_as(probs)
+            return probs.new_zeros(*probs.shape[:-1], 2 * k + 1).scatter_add(-1, idx, probs)
+        total = probs.sum(-1, keepdim=True)
+        if k == 0:
+            return total
+        shift = int(q_pos[0] - k_pos[0])  # the column of distance d in row i is i + d + shift
+        col = torch.arange(Tq, device=probs.device)[:, None] + shift + torch.arange(1 - k, k, device=probs.device)
+        inside = ((col >= 0) & (col < Tk)).to(probs.dtype)
+        middle = probs.gather(-1, col.clamp(0, Tk - 1).expand(*probs.shape[:-1], 2 * k - 1)) * inside
+        if self.causal:  # causal attention gives later keys probability 0: no mass at j - i >= k >= 1
+            right = torch.zeros_like(total)
+        else:
+            right = probs.triu(k + shift).sum(-1, keepdim=True)
+        left = total - middle.sum(-1, keepdim=True) - right
+        return torch.cat([left, middle, right], -1)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", max_relative_position={self.max_relative_position}"

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalScheme
+from .base import PositionalScheme, is_contiguous, toeplitz
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -208,6 +208,22 @@ class FIRE(PositionalScheme):
         norm = torch.maximum(torch.maximum(qp, kp), self.threshold.abs())
         return torch.sign(d) * self.psi(d.abs()) / (self.psi(norm) + self.eps)
 
+    #: query rows per block when the MLP runs on every pair (its hidden layer: rows x Tk x width)
+    ROWS = 64
+
     def absolute_bias(self, q_pos, k_pos):
-        x = self.normalized_distance(q_pos, k_pos)
-        return self.mlp(x[..., None]).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+        """(1, H, Tq, Tk). While no position passes the threshold L, every pair's
+        normaliser is psi(L) and the MLP's input depends on i - j alone: for consecutive
+        positions the MLP runs on the Tq + Tk - 1 distances and its values are laid out
+        by distance (a Toeplitz matrix). Otherwise it runs on every pair, ``ROWS`` query
+        rows at a time (never a (Tq, Tk, width) hidden layer at once)."""
+        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
+        below = max(int(q_pos.max()), int(k_pos.max())) <= float(self.threshold.detach().abs())
+        if below and is_contiguous(q_pos) and is_contiguous(k_pos):
+            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)  # the smallest j - i
+            d = -torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device).to(self.c.dtype)  # i - j
+            x = torch.sign(d) * self.psi(d.abs()) / (self.psi(self.threshold.abs()) + self.eps)
+            return toeplitz(self.mlp(x[:, None]).T, Tq, Tk)[None]
+        blocks = [self.mlp(self.normalized_distance(q_pos[r0 : r0 + self.ROWS], k_pos)[..., None]).permute(2, 0, 1)
+                  for r0 in range(0, Tq, self.ROWS)]
+        return torch.cat(blocks, 1)[None]  # (1, H, Tq, Tk)
