@@ -336,3 +336,25 @@ def test_last_positions_equal_the_full_forward(name, causal, extra):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
     with pytest.raises(ValueError, match="last=0"):
         model(idx, last=0)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5_bias", "transformer_xl"])
+def test_skipping_later_keys_changes_no_value(name, monkeypatch):
+    """Causal attention skips the keys after a block's last row (the blocked forward, the
+    recomputing backward) unless ``SKIP_LATER_KEYS`` is off, as the benchmark's FLOP count
+    runs it; outputs and gradients are the same either way."""
+    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 256 * 32)
+    monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of(name, True, {}, max_len=272), True).train()
+    h, pos = torch.randn(3, 256, D, requires_grad=True), torch.arange(256)
+    upstream = torch.randn(3, 256, D)
+    params = [h, *[p for p in attn.parameters() if p.requires_grad]]
+    out = {}
+    for skip in (True, False):
+        monkeypatch.setattr(attention_module, "SKIP_LATER_KEYS", skip)
+        y = attn(h, pos)
+        out[skip] = (y, grads(y, upstream, params))
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(out[True][1], out[False][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -180,3 +180,31 @@ def test_unknown_scheme_is_refused():
 def test_quadratic_fit_is_exact():
     f = bench.quadratic_fit([(16, 3 * 16**2 + 5 * 16 + 7), (32, 3 * 32**2 + 5 * 32 + 7), (48, 3 * 48**2 + 5 * 48 + 7)])
     assert f(4096) == pytest.approx(3 * 4096**2 + 5 * 4096 + 7, rel=1e-12)
+
+
+def test_flop_share_efficiency_and_targets_are_the_counted_ones(tiny):
+    """FLOP share is a scheme's counted training FLOPs over none's at the same length,
+    counted at that length (the tiny lengths are below FLOP_DIRECT_MAX); step ÷ share is
+    the step ratio over it; every scheme gets the efficiency target, ALiBi, T5 and KERPLE
+    the step target, every scheme without a value term (not Shaw) the memory one (when
+    memory is probed: not in this run)."""
+    flops = {(f["impl"], f["scheme"], f["T"]): f for f in tiny["flops"]}
+    rows = [r for r in tiny["summary"] if r["impl"] == bench.POSENC]
+    for r in rows:
+        f, f0 = flops[(bench.POSENC, r["scheme"], r["T"])], flops[(bench.POSENC, "none", r["T"])]
+        assert dict(f["train_points"])[r["T"]] * r["batch"] == f["train"]  # counted at T itself
+        assert r["flop_share"] == pytest.approx(f["train"] / f0["train"], rel=1e-12)
+        assert r["flop_efficiency"] == pytest.approx(r["step_ratio"] / r["flop_share"], rel=1e-12)
+    assert next(r for r in rows if r["scheme"] == "none")["flop_share"] == 1.0
+    assert all(r["flop_share"] > 1 for r in rows if r["scheme"] in ("tupe", "fire", "transformer_xl"))
+    T = max(r["T"] for r in rows)
+    kinds = {(t["scheme"], t["what"]) for t in tiny["targets"] if t["T"] == T}
+    schemes = {r["scheme"] for r in rows} - {"none"}
+    assert {s for s, w in kinds if w == "efficiency"} == schemes
+    assert {s for s, w in kinds if w == "step"} == {"alibi", "t5_bias", "kerple"}
+    assert not any(w == "memory" for _, w in kinds)  # --no-memory
+    for t in tiny["targets"]:
+        if t["what"] == "efficiency":
+            row = next(r for r in rows if r["scheme"] == t["scheme"] and r["T"] == t["T"])
+            assert t["value"] == row["flop_efficiency"] and t["met"] == (t["value"] <= 1.15)
+    assert "| FLOP share | step ÷ share |" in tiny["_md"]

@@ -22,6 +22,10 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
 BLOCK_ELEMENTS = 2**19
 #: query rows per block of a causal forward with a float mask (``masked_attention``)
 FORWARD_BLOCK_ROWS = 128
+#: whether causal attention skips the keys after a block's last row (the blocked forward,
+#: the recomputing backward); the same values either way. The benchmark's FLOP count turns
+#: it off, to count every attention in full, as the fused causal kernel's FLOPs are counted
+SKIP_LATER_KEYS = True
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, prefix_causal: bool,
@@ -34,7 +38,7 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     ``is_causal``, but given a float mask it computes all T^2 logits. The same values to
     float rounding (every route against the dense reference in tests/test_attention.py)."""
     T = q.shape[-2]
-    if not prefix_causal or T <= FORWARD_BLOCK_ROWS:
+    if not (prefix_causal and SKIP_LATER_KEYS) or T <= FORWARD_BLOCK_ROWS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     out = []
     for r0 in range(0, T, FORWARD_BLOCK_ROWS):
@@ -116,7 +120,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         rows = max(1, BLOCK_ELEMENTS // (B * H * Tk))
         for r0 in range(0, T, rows):
             r1 = min(T, r0 + rows)
-            c1 = r1 if causal else Tk  # later keys are masked
+            c1 = r1 if causal and SKIP_LATER_KEYS else Tk  # later keys are masked
             qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]
             if ctx.content:  # the bias depends on q and k: rebuild the block once, with its graph
                 with torch.enable_grad():

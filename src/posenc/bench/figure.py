@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import POSENC, TARGET_MEM_BIAS, TARGET_STEP_ABS_ROT, TARGET_STEP_BIAS
+from .config import POSENC, TARGET_MEM, TARGET_STEP_CHEAP
 from ..files import save_figure
 from .report import _model_label
 
@@ -70,12 +70,12 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
                 ax=ax,
                 legend=False,
             )
-            ax.axhline(TARGET_STEP_ABS_ROT, ls=":", c="tab:green", lw=1, label=f"{TARGET_STEP_ABS_ROT}× (abs/rot)")
-            ax.axhline(TARGET_STEP_BIAS, ls="--", c="tab:orange", lw=1, label=f"{TARGET_STEP_BIAS}× (bias)")
+            ax.axhline(TARGET_STEP_CHEAP, ls="--", c="tab:orange", lw=1,
+                       label=f"{TARGET_STEP_CHEAP}× (ALiBi, T5, KERPLE)")
         if col == "mem_ratio":
-            ax.axhline(TARGET_MEM_BIAS, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM_BIAS}× (bias)")
+            ax.axhline(TARGET_MEM, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM}× (no value term)")
             ax.set_yscale("log")
-            vals = [v for v in df[col].dropna() if v > 0] + [1.0, TARGET_MEM_BIAS]
+            vals = [v for v in df[col].dropna() if v > 0] + [1.0, TARGET_MEM]
             lo, hi = min(min(vals) / 1.15, 0.8), max(vals) * 1.15
             ax.set_ylim(lo, hi)
             ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(log_ticks(lo, hi)))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import POSENC, BenchSettings
+from .config import POSENC, VALUE_TERM, BenchSettings
 from .xtransformers import build_xt
 
 # ------------------------------------------------------------------ models
@@ -94,8 +94,9 @@ def _error(impl: str, scheme: str, T: int | None, e: BaseException) -> dict[str,
 
 
 def _classes(s: BenchSettings) -> dict[str, str]:
-    """'absolute/rotary' (changes the embeddings or q, k only) or 'bias' (adds to
-    the logits or the output), from the scheme's own flags."""
+    """'absolute/rotary' (changes the embeddings or q, k only), 'bias' (adds to the
+    logits) or 'bias + value term' (also to the output, from the probabilities), from
+    the parts the scheme defines."""
     from hydra.utils import instantiate
 
     out = {}
@@ -103,7 +104,7 @@ def _classes(s: BenchSettings) -> dict[str, str]:
         try:
             d, h = s.model["d_model"], s.model["n_heads"]
             scheme = instantiate(s.encodings[sch])(d_model=d, n_heads=h, max_len=8, causal=True)
-            out[sch] = "bias" if (scheme.has_bias or scheme.uses_value_term) else "absolute/rotary"
+            out[sch] = VALUE_TERM if scheme.uses_value_term else "bias" if scheme.has_bias else "absolute/rotary"
         except Exception:  # noqa: BLE001 - the failure shows up where the scheme is built for real
             out[sch] = "?"
     return out

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .config import POSENC, XT, BenchSettings
-from .flops import flop_model, matmul_peak
+from .flops import FLOP_DIRECT_MAX, flop_model, matmul_peak
 from .memory import limit_memory, probe_memory_cpu, probe_memory_cuda, restore_memory_limit
 from .models import Runner, _classes, _error, batch_for, build_unit
 from .report import environment, evaluate_targets, summarize
@@ -89,17 +89,19 @@ class _Bench:
                 continue
             self.runners[(impl, sch)] = r
             try:
-                fm = flop_model(r, s.vocab_size, s.seed)
+                fm = flop_model(r, s.vocab_size, s.seed, tuple(T for T in s.lengths if T <= FLOP_DIRECT_MAX))
             except Exception as e:  # noqa: BLE001 - FLOPs are best effort
                 self.note(f"cannot count FLOPs of {impl} {sch}: {type(e).__name__}: {e}")
                 continue
             for T in s.lengths:
                 row = {"impl": impl, "scheme": sch, "T": T, "batch": s.batch(T)}
                 for mode in ("train", "eval"):
-                    ok = fm[mode]["exact"]
-                    row[mode] = round(s.batch(T) * fm[mode]["fn"](T)) if ok else None
-                    row[f"{mode}_points"] = fm[mode]["points"]
-                if not (fm["train"]["exact"] and fm["eval"]["exact"]):
+                    counted = fm[mode]["counted"].get(T)
+                    ok = fm[mode]["exact"] or counted is not None
+                    per_sequence = counted if counted is not None else fm[mode]["fn"](T)
+                    row[mode] = round(s.batch(T) * per_sequence) if ok else None
+                    row[f"{mode}_points"] = fm[mode]["points"] + sorted(fm[mode]["counted"].items())
+                if not (fm["train"]["exact"] and fm["eval"]["exact"]) and T > FLOP_DIRECT_MAX:
                     self.note(f"FLOPs of {impl} {sch} are not quadratic in T: not reported")
                 self.flops.append(row)
 
