@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import POSENC, TARGET_MEM, TARGET_STEP_CHEAP
+from .config import POSENC, TARGET_FLOP_EFFICIENCY, TARGET_MEM, TARGET_STEP_CHEAP
 from ..files import save_figure
 from .report import _model_label
 
@@ -52,6 +52,8 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
         ]
     )
     panels = [("step_ratio", "training-step time / none")]
+    if "flop_efficiency" in df and df["flop_efficiency"].notna().any():
+        panels.append(("flop_efficiency", "step / none ÷ FLOP share"))
     if "mem_ratio" in df and df["mem_ratio"].notna().any():
         panels.append(("mem_ratio", "peak training memory / none"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 0.75 * len(order) + 2), 3.6 * len(panels)), squeeze=False)
@@ -72,6 +74,9 @@ def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
             )
             ax.axhline(TARGET_STEP_CHEAP, ls="--", c="tab:orange", lw=1,
                        label=f"{TARGET_STEP_CHEAP}× (ALiBi, T5, KERPLE)")
+        if col == "flop_efficiency":
+            ax.axhline(TARGET_FLOP_EFFICIENCY, ls="--", c="tab:orange", lw=1,
+                       label=f"{TARGET_FLOP_EFFICIENCY}× (every scheme)")
         if col == "mem_ratio":
             ax.axhline(TARGET_MEM, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM}× (no value term)")
             ax.set_yscale("log")
