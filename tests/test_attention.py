@@ -338,7 +338,7 @@ def test_last_positions_equal_the_full_forward(name, causal, extra):
         model(idx, last=0)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5_bias", "transformer_xl"])
+@pytest.mark.parametrize("name", ["alibi", "t5_bias", "kerple", "fire", "transformer_xl"])
 def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     """Causal attention skips the keys after a block's last row (the blocked forward, the
     recomputing backward) unless ``SKIP_LATER_KEYS`` is off, as the benchmark's FLOP count
@@ -346,7 +346,8 @@ def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 256 * 32)
     monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
     torch.manual_seed(0)
-    attn = Attention(D, H, scheme_of(name, True, {}, max_len=272), True).train()
+    extra = {"init_threshold": 100.0} if name == "fire" else {}  # rows on both sides of FIRE's threshold
+    attn = Attention(D, H, scheme_of(name, True, extra, max_len=272), True).train()
     h, pos = torch.randn(3, 256, D, requires_grad=True), torch.arange(256)
     upstream = torch.randn(3, 256, D)
     params = [h, *[p for p in attn.parameters() if p.requires_grad]]
@@ -358,3 +359,82 @@ def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
     for a, b in zip(out[True][1], out[False][1]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+POSITION_ONLY = [c for c in CASES if c.values[0] in CONFIGS and CONFIGS[c.values[0]].cls is not None
+                 and CONFIGS[c.values[0]].cls.position_only_bias]
+
+
+@pytest.mark.parametrize("name,causal,extra", POSITION_ONLY)
+def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
+    """``position_block`` (the mask of query rows r0:r1 and keys :c1 that the ``recomputed``
+    route builds from the relative part on the 2T - 1 distances and the block's absolute
+    part) equals that part of the whole mask, ``with_causal(position_bias)``, for blocks on,
+    below and across the diagonal, at positions offset from 0."""
+    torch.manual_seed(0)
+    T = 40
+    sch = scheme_of(name, causal, extra, max_len=T + 8)
+    pos = torch.arange(T) + 3
+    with torch.no_grad():
+        whole = attention_module.with_causal(sch.position_bias(pos, pos), pos, pos, causal)
+        rel_vals, parts = attention_module._position_parts(sch, pos)
+        for r0, r1, c1 in [(0, 40, 40), (0, 7, 7), (8, 24, 24), (8, 24, 40), (30, 40, 33), (39, 40, 40)]:
+            absolute = sch.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
+            block = attention_module.position_block(sch, rel_vals, absolute, pos, r0, r1, c1, causal)
+            torch.testing.assert_close(block, whole[..., r0:r1, :c1], atol=1e-6, rtol=1e-6,
+                                       msg=lambda m, b=(r0, r1, c1): f"rows {b[0]}:{b[1]}, keys :{b[2]}: {m}")
+
+
+BIAS_RECOMPUTED = [c for c in CASES if not c.values[2] and CONFIGS[c.values[0]].cls is not None
+                   and CONFIGS[c.values[0]].cls.has_bias and not CONFIGS[c.values[0]].cls.uses_value_term]
+
+
+@pytest.mark.parametrize("name,causal,extra", BIAS_RECOMPUTED)
+def test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward(name, causal, extra):
+    """A bias scheme that trains on the ``recomputed`` route saves no tensor of T x T entries
+    or more per head between forward and backward (its mask is rebuilt there a block at a
+    time); its memory grows with T, not T^2. The saved tensors are seen through autograd's
+    saved-tensor hooks; a fixed bias (ALiBi) takes the ``masked`` route and is left out."""
+    torch.manual_seed(0)
+    T = 96
+    sch = scheme_of(name, causal, extra, max_len=T + 8)
+    attn = Attention(D, H, sch, causal).train()
+    h, pos = torch.randn(1, T, D, requires_grad=True), torch.arange(T)
+    if attn.route(h, pos) != RECOMPUTED:
+        assert not any(p.requires_grad for p in sch.parameters()) and sch.position_only_bias
+        return
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        attn(h, pos).sum().backward()
+    assert sizes and max(sizes) < H * T * T, f"{name}: a saved tensor of {max(sizes)} entries (H T^2 = {H * T * T})"
+
+
+@pytest.mark.parametrize("name,shared", [("t5_bias", True), ("tupe", True), ("kerple", False), ("fire", False)])
+def test_in_training_only_a_mask_that_layers_share_is_built_whole_and_kept(name, shared, monkeypatch):
+    """On the ``recomputed`` route the plan builds the mask of a position-only scheme that
+    several layers share (T5, TUPE) once and every layer keeps that one for its backward;
+    a layer's own (KERPLE, FIRE) is never built whole: no plan mask and no saved tensor of
+    H T^2 entries."""
+    torch.manual_seed(0)
+    T = 64
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, d_ff=64, max_len=T)
+    model = Transformer(cfg, factory(name)).train()
+    built, mask = [], Attention.position_mask
+    monkeypatch.setattr(Attention, "position_mask", lambda self, *a, **kw: built.append(1) or mask(self, *a, **kw))
+    big = set()
+
+    def pack(t):
+        if t.numel() >= H * T * T:
+            big.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(torch.randint(0, V, (1, T))).sum()
+    loss.backward()
+    assert len(built) == (1 if shared else 0)
+    assert len(big) == (1 if shared else 0), f"{len(big)} saved tensors of H T^2 entries or more"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .encodings.base import PositionalScheme, is_contiguous
+from .encodings.base import PositionalScheme, is_contiguous, toeplitz
+
+#: a float mask built a block at a time: (r0, r1, c1) -> the mask of query rows r0:r1 and keys :c1
+MaskBlocks = Callable[[int, int, int], Tensor]
 
 
 def causal_mask(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
@@ -28,24 +32,56 @@ FORWARD_BLOCK_ROWS = 128
 SKIP_LATER_KEYS = True
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, prefix_causal: bool,
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | MaskBlocks, scale: float, prefix_causal: bool,
                      dropout_p: float = 0.0) -> Tensor:
-    """``scaled_dot_product_attention`` with a float ``mask`` (bias plus causal mask). With
-    ``prefix_causal`` (causal attention over increasing positions, queries = keys: a block
-    of rows sees a prefix of the keys) it runs a block of ``FORWARD_BLOCK_ROWS`` query rows
-    at a time against the keys up to the block's last row, so the blocks above the
+    """``scaled_dot_product_attention`` with a float mask (bias plus causal mask): a tensor,
+    or a function ``(r0, r1, c1) -> mask`` of query rows r0:r1 and keys :c1 that builds it
+    a block at a time (the ``recomputed`` route's position biases, never (H, T, T) at once).
+    With ``prefix_causal`` (causal attention over increasing positions, queries = keys: a
+    block of rows sees a prefix of the keys) it runs a block of ``FORWARD_BLOCK_ROWS`` query
+    rows at a time against the keys up to the block's last row, so the blocks above the
     diagonal, -inf throughout, are never computed: the fused kernel skips them with
     ``is_causal``, but given a float mask it computes all T^2 logits. The same values to
     float rounding (every route against the dense reference in tests/test_attention.py)."""
-    T = q.shape[-2]
+    T, Tk = q.shape[-2], k.shape[-2]
+    block = mask if callable(mask) else lambda r0, r1, c1: mask[..., r0:r1, :c1]
     if not (prefix_causal and SKIP_LATER_KEYS) or T <= FORWARD_BLOCK_ROWS:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=block(0, T, Tk), dropout_p=dropout_p, scale=scale)
     out = []
     for r0 in range(0, T, FORWARD_BLOCK_ROWS):
         r1 = min(T, r0 + FORWARD_BLOCK_ROWS)
         out.append(F.scaled_dot_product_attention(q[..., r0:r1, :], k[..., :r1, :], v[..., :r1, :],
-                                                  attn_mask=mask[..., r0:r1, :r1], dropout_p=dropout_p, scale=scale))
+                                                  attn_mask=block(r0, r1, r1), dropout_p=dropout_p, scale=scale))
     return torch.cat(out, dim=-2)
+
+
+def position_block(scheme: PositionalScheme, rel_vals: Tensor | None, absolute: Tensor | None, pos: Tensor,
+                   r0: int, r1: int, c1: int, causal: bool) -> Tensor:
+    """The float mask of a position-only bias for query rows r0:r1 and keys :c1 of
+    self-attention at contiguous positions ``pos`` (T,), (1, H, r1 - r0, c1), without a
+    graph: the relative part laid out from ``rel_vals`` (H, 2T - 1, the values at
+    distances 1 - T .. T - 1), plus ``absolute`` (the block's absolute part), plus, for
+    causal attention, -inf at the keys after each row. Equal to the rows and keys of
+    ``with_causal(scheme.position_bias(pos, pos), ...)`` (tests/test_attention.py)."""
+    T = pos.shape[0]
+    out = None
+    if rel_vals is not None:  # [i, j] = rel_vals[j - i + T - 1]: the distances the block spans
+        out = toeplitz(rel_vals.detach()[:, T - r1 : T - 1 - r0 + c1], r1 - r0, c1)[None]
+    if absolute is not None:
+        out = absolute.detach().clone() if out is None else out.add_(absolute.detach())
+    if out is None:
+        raise ValueError(f"{type(scheme).__name__} has no position bias to lay out")
+    if causal and c1 > r0 + 1:  # keys r0 + 1 .. c1 - 1 are after some row of the block
+        later = pos[r0 + 1 : c1][None, :] > pos[r0:r1, None]
+        out[..., r0 + 1 : c1].masked_fill_(later, float("-inf"))
+    return out
+
+
+def _position_parts(scheme: PositionalScheme, pos: Tensor) -> tuple[Tensor | None, tuple[Tensor, ...]]:
+    """What every block of ``position_block`` shares: the relative part on the 2T - 1
+    distances and the scheme's ``absolute_parts``, with a graph where grad mode is on."""
+    T = pos.shape[0]
+    return scheme.relative_bias(torch.arange(1 - T, T, device=pos.device)), scheme.absolute_parts(pos, pos)
 
 
 def _merge(acc: list[Tensor | None], new: tuple[Tensor | None, ...]) -> list[Tensor | None]:
@@ -71,11 +107,14 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     ``F.scaled_dot_product_attention`` given a float mask that requires grad
     leaves its fused CPU kernel for the unfused one, which keeps (B, H, T, T)
     logits and probabilities per layer for the backward. Here the forward runs
-    the fused kernel on the detached mask (the bias plus the causal mask; a
-    position-only one built once per forward and shared by the layers, a
-    content one -- Transformer-XL, skew, fixed bidirectional, whose bias
-    depends on q and k -- built here and dropped), and the backward recomputes the
-    logits a block of query rows at a time, FlashAttention style (Dao et al.
+    the fused kernel on a mask without a graph (the bias plus the causal mask: a
+    position-only one that several layers share, T5's and TUPE's, built once per
+    forward by ``plan_attention`` and kept, one for all of them; one of a layer
+    alone, KERPLE's and FIRE's, a block of query rows at a time, ``position_block``,
+    from the relative part on the 2T - 1 distances and the block's absolute part; a
+    content one -- Transformer-XL, skew, fixed bidirectional, whose bias depends on q
+    and k -- built by the layer and dropped), and the backward rebuilds any mask it
+    did not keep and recomputes the logits a block of query rows at a time, FlashAttention style (Dao et al.
     2022, Algorithm 2 with the softmax normaliser recomputed): with
     P = softmax(S), dV = P^T dY, dP = dY V^T, dS = P (dP - rowsum(dY Y)),
     dQ = dS K scale, dK = dS^T Q scale. dS summed over the batch is the bias
@@ -84,7 +123,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     and autograd carries both to the scheme's parameters. A content bias is
     rebuilt block by block from the block's queries and the keys, and autograd
     carries dS to q, k and the parameters. Nothing of size T^2 is kept between
-    forward and backward beyond a shared position-only mask. Positions are
+    forward and backward but a mask shared by several layers. Positions are
     contiguous (``Attention.route``), so with causal attention a block
     of rows reads only the keys up to its last row. Checked against autograd
     through the plain formula in ``tests/test_encodings.py``.
@@ -92,16 +131,23 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, pos, scheme, causal, scale, *params):
-        y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
         content = not scheme.position_only_bias
-        # a content bias's mask is rebuilt in the backward: keep none
-        ctx.save_for_backward(q, k, v, mask if not content else None, pos, y, *params)
+        shared = None if content else mask  # the plan's mask of a scheme that several layers share
+        if mask is None:  # a position-only bias of this layer alone: a block at a time
+            rel_vals, parts = _position_parts(scheme, pos)
+
+            def mask(r0, r1, c1):
+                absolute = scheme.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
+                return position_block(scheme, rel_vals, absolute, pos, r0, r1, c1, causal).to(q.dtype)
+
+        y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
+        ctx.save_for_backward(q, k, v, pos, shared, y, *params)  # the backward rebuilds any other mask
         ctx.scheme, ctx.causal, ctx.scale, ctx.content = scheme, causal, scale, content
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        q, k, v, mask, pos, y, *params = ctx.saved_tensors
+        q, k, v, pos, shared, y, *params = ctx.saved_tensors
         scheme, causal, scale = ctx.scheme, ctx.causal, ctx.scale
         B, H, T, _ = q.shape
         Tk = k.shape[-2]
@@ -111,8 +157,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         parts, rel_vals = (), None
         if not ctx.content:
             with torch.enable_grad():
-                parts = scheme.absolute_parts(pos, pos)
-                rel_vals = scheme.relative_bias(torch.arange(1 - T, Tk, device=pos.device))
+                rel_vals, parts = _position_parts(scheme, pos)
         leaves = tuple(p.detach().requires_grad_() for p in parts)
         wrt = [*params, *leaves]
         grads: list[Tensor | None] = [None] * len(wrt)
@@ -122,13 +167,18 @@ class _RecomputedBiasAttention(torch.autograd.Function):
             r1 = min(T, r0 + rows)
             c1 = r1 if causal and SKIP_LATER_KEYS else Tk  # later keys are masked
             qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]
-            if ctx.content:  # the bias depends on q and k: rebuild the block once, with its graph
-                with torch.enable_grad():
+            with torch.enable_grad():  # the block's bias, with its graph
+                if ctx.content:  # it depends on q and k
                     q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
                     b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
+                else:
+                    b = scheme.absolute_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
+            if ctx.content:
                 mb = with_causal(b.detach(), pos[r0:r1], pos[:c1], causal)
+            elif shared is not None:
+                mb = shared[..., r0:r1, :c1]
             else:
-                mb = mask[..., r0:r1, :c1]
+                mb = position_block(scheme, rel_vals, b, pos, r0, r1, c1, causal).to(q.dtype)
             p = torch.baddbmm(
                 mb.expand(B, H, r1 - r0, c1).reshape(B * H, r1 - r0, c1),
                 qb.reshape(B * H, r1 - r0, -1),
@@ -152,8 +202,6 @@ class _RecomputedBiasAttention(torch.autograd.Function):
             if d_rel is not None:
                 sums, start = diagonal_sums(db, r0, T, Tk)
                 d_rel[:, start : start + sums.shape[1]] += sums
-            with torch.enable_grad():
-                b = scheme.absolute_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
             if b is not None:
                 grads = _merge(grads, torch.autograd.grad(b, wrt, db[None], allow_unused=True))
         if d_rel is not None and params:
@@ -179,8 +227,10 @@ def with_causal(bias: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Ten
 class AttentionPlan:
     """How the layers of one forward compute attention, decided once, at the top
     (``plan_attention``), and handed down to every layer: the route, and the float
-    masks of position-only biases (bias plus causal mask), one per scheme instance,
-    so layers that share a scheme (T5, TUPE) share its mask."""
+    masks of position-only biases (bias plus causal mask), one per scheme instance, so
+    layers that share a scheme (T5, TUPE) share its mask. On the ``recomputed`` route
+    only a scheme that several layers share has one; a layer's own bias is built there
+    a block of rows at a time, and never whole."""
 
     route: str
     masks: dict = field(default_factory=dict)  # PositionalScheme -> (1, H, T, T) mask
@@ -192,13 +242,17 @@ class AttentionPlan:
 
 def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor) -> AttentionPlan:
     """The plan of a forward through ``layers`` (every layer has the same kind of
-    scheme) with input ``x`` at positions ``pos``: the first layer's route and the
-    mask of every position-only scheme instance among the layers."""
+    scheme) with input ``x`` at positions ``pos``: the first layer's route and the mask
+    of every position-only scheme instance among the layers (on the ``recomputed``
+    route, of every instance that several layers share)."""
     route = layers[0].route(x, pos)
+    users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias)
     masks: dict = {}
-    for attn in layers:
-        if attn.scheme.position_only_bias and attn.scheme not in masks:
-            masks[attn.scheme] = attn.position_mask(pos, x.dtype, route)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):  # recomputed: trained in its backward
+        for attn in layers:
+            sch = attn.scheme
+            if sch in users and sch not in masks and (route == MASKED or users[sch] > 1):
+                masks[sch] = attn.position_mask(pos, x.dtype)
     return AttentionPlan(route, masks)
 
 
@@ -256,12 +310,10 @@ class Attention(nn.Module):
         )
         return RECOMPUTED if recompute else MASKED
 
-    def position_mask(self, pos: Tensor, dtype: torch.dtype, route: str = MASKED) -> Tensor:
+    def position_mask(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
         """Float attention mask of a position-only bias scheme, causal mask included
-        (``plan_attention`` builds it once per forward and scheme instance); without a
-        graph on the ``recomputed`` route."""
-        with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):
-            return with_causal(self.scheme.position_bias(pos, pos).to(dtype), pos, pos, self.causal)
+        (``plan_attention`` builds it once per forward and scheme instance)."""
+        return with_causal(self.scheme.position_bias(pos, pos).to(dtype), pos, pos, self.causal)
 
     def forward(self, h: Tensor, pos: Tensor, plan: AttentionPlan | None = None) -> Tensor:
         """h (B, T, D) at positions pos (T,), computed as ``plan`` says (the model's
@@ -279,8 +331,9 @@ class Attention(nn.Module):
                 drop = self.dropout if self.training else 0.0
                 increasing = self.causal and bool((pos[1:] > pos[:-1]).all())
                 y = masked_attention(q, k, v, self._mask(q, k, pos, plan), self.scheme.logit_scale(), increasing, drop)
-            else:
-                y = self._recomputed(q, k, v, pos, self._mask(q, k, pos, plan))
+            else:  # a layer's own position-only bias is built a block at a time there
+                own = self.scheme.position_only_bias and plan.mask(self.scheme) is None
+                y = self._recomputed(q, k, v, pos, None if own else self._mask(q, k, pos, plan))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
     def _mask(self, q: Tensor, k: Tensor, pos: Tensor, plan: AttentionPlan) -> Tensor:
@@ -296,10 +349,10 @@ class Attention(nn.Module):
         drop = self.dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, scale=self.scheme.logit_scale(), **kw)
 
-    def _recomputed(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, mask: Tensor) -> Tensor:
+    def _recomputed(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, mask: Tensor | None) -> Tensor:
         params = [p for p in self.scheme.parameters() if p.requires_grad]
         return _RecomputedBiasAttention.apply(
-            q, k, v, mask.detach(), pos, self.scheme, self.causal, self.scheme.logit_scale(), *params
+            q, k, v, None if mask is None else mask.detach(), pos, self.scheme, self.causal, self.scheme.logit_scale(), *params
         )
 
     def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
