@@ -782,6 +782,39 @@ def test_fire_vs_formula(causal, threshold):
     torch.testing.assert_close(got, ref, **TOL)
 
 
+def test_fire_pieces_equal_the_mlp():
+    """FIRE's MLP evaluated as a piecewise-linear function (``mlp_of_pairs``, the pairs past
+    the threshold) equals the MLP itself: values, and gradients of the input and of every MLP
+    parameter, at random inputs, exactly at the breaks, beyond the outermost ones, with a
+    unit of zero input weight (a constant) and with two units that break at one point."""
+    torch.manual_seed(0)
+    sch = build("fire")
+    perturb(sch.mlp.parameters(), scale=1.0)
+    lin1 = sch.mlp[0]
+    with torch.no_grad():
+        lin1.weight[3, 0] = 0.0  # flat, active
+        lin1.bias[3] = 0.7
+        lin1.weight[4, 0] = 0.0  # flat, dead
+        lin1.bias[4] = -0.2
+        lin1.weight[6, 0], lin1.bias[6] = -2 * lin1.weight[5, 0], -2 * lin1.bias[5]  # one break, two units
+    breaks = (-lin1.bias / lin1.weight[:, 0]).detach()
+    breaks = breaks[torch.isfinite(breaks)]
+    off = torch.cat([torch.randn(200) * 3, breaks.min()[None] - 5, breaks.max()[None] + 5]).view(2, -1)
+    # on a break a unit is at 0 either way (values agree) but which side's slope the gradient
+    # takes is a choice, so gradients are compared off the breaks only
+    with torch.no_grad():
+        torch.testing.assert_close(sch.mlp_of_pairs(breaks[None]), sch.mlp(breaks[:, None]).T[:, None],
+                                   atol=1e-5, rtol=1e-5)
+    upstream = torch.randn(H, *off.shape)
+    results = []
+    for fn in (sch.mlp_of_pairs, lambda x: sch.mlp(x[..., None]).permute(2, 0, 1)):
+        x = off.clone().requires_grad_()
+        y = fn(x)
+        results.append((y, *torch.autograd.grad(y, [x, *sch.mlp.parameters()], upstream)))
+    for name, a, b in zip(["value", "input", *[n for n, _ in sch.mlp.named_parameters()]], *results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_sinusoidal_embed_vs_formula():
     """Sinusoidal.embed, inside its table and past it, against Vaswani et al.'s formula
     evaluated element by element: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...)."""

@@ -206,6 +206,8 @@ OOT_EXPECTED = {
     "test_dtypes_follow_the_activations": 2,
     "test_checkpoints_hold_parameters_not_derived_tables": 1,
     "test_last_positions_equal_the_full_forward": 2,
+    "test_a_position_block_is_its_part_of_the_whole_mask": 2,
+    "test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward": 2,
 }
 
 

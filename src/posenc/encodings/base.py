@@ -76,8 +76,9 @@ class PositionalScheme(nn.Module):
     #: the scheme adds to the attention logits (a bias part)
     has_bias: bool = False
     #: its bias depends on positions alone (a relative or absolute part and no content
-    #: part): the model computes it, with the causal mask folded in, once per forward
-    #: and scheme instance
+    #: part): the model computes it from positions, with the causal mask folded in, once
+    #: per forward and scheme instance (or, for a layer's own in training, a block of
+    #: query rows at a time: ``attention.position_block``)
     position_only_bias: bool = False
     #: the scheme needs the attention probabilities (``value_term``)
     uses_value_term: bool = False
