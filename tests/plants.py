@@ -43,6 +43,12 @@ PLANTS = [
     ("attention dropout applied in eval (probabilities route)", "src/posenc/attention.py",
      "F.dropout(att.softmax(-1), self.dropout if self.training else 0.0, self.training)",
      "F.dropout(att.softmax(-1), self.dropout, True)"),
+    ("a layer's own bias block lets each row see the next key", "src/posenc/attention.py",
+     "later = pos[r0 + 1 : c1][None, :] > pos[r0:r1, None]", "later = pos[r0 + 1 : c1][None, :] > pos[r0:r1, None] + 1"),
+    ("FIRE's pieces: a rising unit active one segment early", "src/posenc/encodings/position_bias.py",
+     "torch.where(rising, seg > rank, seg <= rank)", "torch.where(rising, seg >= rank, seg <= rank)"),
+    ("FIRE's pieces: slope gradients summed into the intercepts", "src/posenc/encodings/position_bias.py",
+     "torch.cat([g * x.reshape(1, -1), g])", "torch.cat([g, g * x.reshape(1, -1)])"),
     ("MLM random replacement draws special tokens", "src/posenc/data.py",
      "torch.randint(len(SPECIAL_TOKENS), self.vocab_size,", "torch.randint(0, self.vocab_size,"),
 ]
