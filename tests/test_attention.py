@@ -19,6 +19,7 @@ them, and its docstring names the test that checks the bias itself.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -361,8 +362,26 @@ def test_skipping_later_keys_changes_no_value(name, monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-POSITION_ONLY = [c for c in CASES if c.values[0] in CONFIGS and CONFIGS[c.values[0]].cls is not None
-                 and CONFIGS[c.values[0]].cls.position_only_bias]
+def class_of(case) -> type[PositionalScheme] | None:
+    """The scheme class of a ``CASES`` entry (None when its ``_target_`` does not import)."""
+    return CONFIGS[case.values[0]].cls
+
+
+@contextmanager
+def saved_for_backward():
+    """A list, filled inside the block, of (entries, storage address) of every tensor
+    autograd saves for the backward (its saved-tensor hooks)."""
+    seen = []
+
+    def pack(t):
+        seen.append((t.numel(), t.untyped_storage().data_ptr()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield seen
+
+
+POSITION_ONLY = [c for c in CASES if class_of(c) is not None and class_of(c).position_only_bias]
 
 
 @pytest.mark.parametrize("name,causal,extra", POSITION_ONLY)
@@ -385,8 +404,8 @@ def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
                                        msg=lambda m, b=(r0, r1, c1): f"rows {b[0]}:{b[1]}, keys :{b[2]}: {m}")
 
 
-BIAS_RECOMPUTED = [c for c in CASES if not c.values[2] and CONFIGS[c.values[0]].cls is not None
-                   and CONFIGS[c.values[0]].cls.has_bias and not CONFIGS[c.values[0]].cls.uses_value_term]
+BIAS_RECOMPUTED = [c for c in CASES if not c.values[2] and class_of(c) is not None
+                   and class_of(c).has_bias and not class_of(c).uses_value_term]
 
 
 @pytest.mark.parametrize("name,causal,extra", BIAS_RECOMPUTED)
@@ -403,14 +422,9 @@ def test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward(n
     if attn.route(h, pos) != RECOMPUTED:
         assert not any(p.requires_grad for p in sch.parameters()) and sch.position_only_bias
         return
-    sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward() as saved:
         attn(h, pos).sum().backward()
+    sizes = [n for n, _ in saved]
     assert sizes and max(sizes) < H * T * T, f"{name}: a saved tensor of {max(sizes)} entries (H T^2 = {H * T * T})"
 
 
@@ -426,15 +440,9 @@ def test_in_training_only_a_mask_that_layers_share_is_built_whole_and_kept(name,
     model = Transformer(cfg, factory(name)).train()
     built, mask = [], Attention.position_mask
     monkeypatch.setattr(Attention, "position_mask", lambda self, *a, **kw: built.append(1) or mask(self, *a, **kw))
-    big = set()
-
-    def pack(t):
-        if t.numel() >= H * T * T:
-            big.add(t.untyped_storage().data_ptr())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_for_backward() as saved:
         loss = model(torch.randint(0, V, (1, T))).sum()
     loss.backward()
+    big = {storage for n, storage in saved if n >= H * T * T}
     assert len(built) == (1 if shared else 0)
     assert len(big) == (1 if shared else 0), f"{len(big)} saved tensors of H T^2 entries or more"
