@@ -49,6 +49,10 @@ PLANTS = [
      "torch.where(rising, seg > rank, seg <= rank)", "torch.where(rising, seg >= rank, seg <= rank)"),
     ("FIRE's pieces: slope gradients summed into the intercepts", "src/posenc/encodings/position_bias.py",
      "torch.cat([g * x.reshape(1, -1), g])", "torch.cat([g, g * x.reshape(1, -1)])"),
+    ("a value term's share of dP left out of the blockwise backward", "src/posenc/attention.py",
+     "dp += g[0]", "dp += 0"),
+    ("a value term's blockwise forward one distance off", "src/posenc/attention.py",
+     "scheme.value_term(p, pos[r0:r1], pos[:c1])", "scheme.value_term(p, pos[r0:r1] + 1, pos[:c1])"),
     ("MLM random replacement draws special tokens", "src/posenc/data.py",
      "torch.randint(len(SPECIAL_TOKENS), self.vocab_size,", "torch.randint(0, self.vocab_size,"),
 ]

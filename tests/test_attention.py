@@ -75,12 +75,10 @@ EXPECTED_ROUTE = {  # what a training call with contiguous positions takes, by w
 
 
 def expected_route(scheme) -> str:
-    if scheme.uses_value_term:
-        return PROBABILITIES
-    if not scheme.has_bias:
+    if not (scheme.has_bias or scheme.uses_value_term):
         return FUSED
     trainable = any(p.requires_grad for p in scheme.parameters())
-    return RECOMPUTED if (not scheme.position_only_bias or trainable) else MASKED
+    return RECOMPUTED if (scheme.uses_value_term or not scheme.position_only_bias or trainable) else MASKED
 
 
 @pytest.mark.parametrize("T,positions", [(13, "offset"), (13, "gapped"), (256, "offset")])
@@ -339,10 +337,10 @@ def test_last_positions_equal_the_full_forward(name, causal, extra):
         model(idx, last=0)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5_bias", "kerple", "fire", "transformer_xl"])
+@pytest.mark.parametrize("name", ["alibi", "t5_bias", "kerple", "fire", "transformer_xl", "shaw"])
 def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     """Causal attention skips the keys after a block's last row (the blocked forward, the
-    recomputing backward) unless ``SKIP_LATER_KEYS`` is off, as the benchmark's FLOP count
+    recomputing backward, a value term's blockwise forward) unless ``SKIP_LATER_KEYS`` is off, as the benchmark's FLOP count
     runs it; outputs and gradients are the same either way."""
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 256 * 32)
     monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
@@ -370,11 +368,14 @@ def class_of(case) -> type[PositionalScheme] | None:
 @contextmanager
 def saved_for_backward():
     """A list, filled inside the block, of (entries, storage address) of every tensor
-    autograd saves for the backward (its saved-tensor hooks)."""
+    autograd saves for the backward (its saved-tensor hooks). Entries are those of its
+    storage, which is what it holds in memory: an expanded view counts once, a view of a
+    larger tensor keeps all of it."""
     seen = []
 
     def pack(t):
-        seen.append((t.numel(), t.untyped_storage().data_ptr()))
+        storage = t.untyped_storage()
+        seen.append((storage.nbytes() // t.element_size(), storage.data_ptr()))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -405,14 +406,15 @@ def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
 
 
 BIAS_RECOMPUTED = [c for c in CASES if not c.values[2] and class_of(c) is not None
-                   and class_of(c).has_bias and not class_of(c).uses_value_term]
+                   and (class_of(c).has_bias or class_of(c).uses_value_term)]
 
 
 @pytest.mark.parametrize("name,causal,extra", BIAS_RECOMPUTED)
 def test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward(name, causal, extra):
-    """A bias scheme that trains on the ``recomputed`` route saves no tensor of T x T entries
-    or more per head between forward and backward (its mask is rebuilt there a block at a
-    time); its memory grows with T, not T^2. The saved tensors are seen through autograd's
+    """A bias scheme, or one with a value term, that trains on the ``recomputed`` route saves
+    no tensor of T x T entries or more per head between forward and backward (its mask, and a
+    value term's probabilities, are rebuilt there a block at a time); its memory grows with T,
+    not T^2. The saved tensors are seen through autograd's
     saved-tensor hooks; a fixed bias (ALiBi) takes the ``masked`` route and is left out."""
     torch.manual_seed(0)
     T = 96
@@ -422,8 +424,9 @@ def test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward(n
     if attn.route(h, pos) != RECOMPUTED:
         assert not any(p.requires_grad for p in sch.parameters()) and sch.position_only_bias
         return
-    with saved_for_backward() as saved:
-        attn(h, pos).sum().backward()
+    with saved_for_backward() as saved:  # the forward: what it keeps for the backward
+        y = attn(h, pos)
+    y.sum().backward()
     sizes = [n for n, _ in saved]
     assert sizes and max(sizes) < H * T * T, f"{name}: a saved tensor of {max(sizes)} entries (H T^2 = {H * T * T})"
 

@@ -1190,7 +1190,13 @@ def test_route_of_a_call():
     assert tiny_model("alibi").blocks[0].attn.route(x, pos) == MASKED  # nothing to train
     assert tiny_model("transformer_xl").blocks[0].attn.route(x, pos) == RECOMPUTED  # a content bias
     assert tiny_model("rope").blocks[0].attn.route(x, pos) == FUSED
-    assert tiny_model("shaw").blocks[0].attn.route(x, pos) == PROBABILITIES
+    shaw = tiny_model("shaw").blocks[0].attn  # a value term: a block at a time, with gradients off too
+    assert shaw.route(x, pos) == RECOMPUTED
+    with torch.no_grad():
+        assert shaw.route(x, pos) == RECOMPUTED
+    assert shaw.route(x, torch.tensor([0, 1, 3, 4])) == PROBABILITIES
+    shaw.dropout = 0.1
+    assert shaw.train().route(x, pos) == PROBABILITIES
 
 
 @pytest.mark.parametrize("Tq,Tk", [(1, 1), (5, 5), (3, 7), (7, 3)])

@@ -44,21 +44,25 @@ def test_partial_rope_rotates_the_first_features_and_keeps_the_rest(fraction):
 
 
 # ------------------------------------------------------------------ attention dropout
-@pytest.mark.parametrize("scheme,route", [(NoPE, FUSED), (ALiBi, MASKED), (T5Bias, RECOMPUTED),
-                                          (Shaw, PROBABILITIES)])
-def test_attention_dropout_acts_in_training_only(scheme, route):
+@pytest.mark.parametrize("scheme,gapped,route,dropping", [
+    (NoPE, False, FUSED, FUSED), (ALiBi, False, MASKED, MASKED), (T5Bias, False, RECOMPUTED, MASKED),
+    (Shaw, False, RECOMPUTED, PROBABILITIES), (Shaw, True, PROBABILITIES, PROBABILITIES)])
+def test_attention_dropout_acts_in_training_only(scheme, gapped, route, dropping):
     """``Attention(dropout=0.5)`` in evaluation mode equals the same layer without dropout (on
-    every route, gradients on); in training mode it drops probabilities, so two calls differ."""
+    every route, gradients on); in training mode it drops probabilities, so two calls differ.
+    The blockwise route has no dropout: a layer that drops takes the route that does. Gapped
+    positions keep a value term on the ``probabilities`` route in evaluation too."""
     torch.manual_seed(0)
     sch = scheme(d_model=32, n_heads=4, max_len=64, causal=True)
     with_drop = Attention(32, 4, sch, causal=True, dropout=0.5)
     without = Attention(32, 4, sch, causal=True, dropout=0.0)
     without.load_state_dict(with_drop.state_dict())
-    h, pos = torch.randn(2, 10, 32), torch.arange(10)
+    h, pos = torch.randn(2, 10, 32), torch.arange(10) * (2 if gapped else 1)
     with_drop.eval(), without.eval()
-    assert with_drop.route(h, pos) in (route, MASKED)  # training-only routes fall back when dropping
+    assert with_drop.route(h, pos) == route
     torch.testing.assert_close(with_drop(h, pos), without(h, pos), atol=0, rtol=0)
     with_drop.train()
+    assert with_drop.route(h, pos) == dropping
     assert not torch.allclose(with_drop(h, pos), with_drop(h, pos))
 
 

@@ -101,6 +101,55 @@ def diagonal_sums(x: Tensor, r0: int, T: int, Tk: int) -> tuple[Tensor, int]:
     return buf.sum(1)[:, : c + n - 1], T - n - r0
 
 
+def row_blocks(B: int, H: int, T: int, Tk: int, causal: bool):
+    """The blocks (r0, r1, c1) of query rows r0:r1 and keys :c1 that the blockwise
+    forward of a value term and the recomputing backward visit: about ``BLOCK_ELEMENTS``
+    logits each, and with causal attention only the keys up to a block's last row."""
+    rows = max(1, BLOCK_ELEMENTS // (B * H * Tk))
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        yield r0, r1, r1 if causal and SKIP_LATER_KEYS else Tk
+
+
+def block_probabilities(mask: Tensor | None, q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """softmax(scale q k^T + mask) of a block, (B, H, rows, keys), for the block's queries
+    q (B, H, rows, Dh), keys k (B, H, keys, Dh) and float mask (broadcast to the block) or None."""
+    B, H, n, _ = q.shape
+    c = k.shape[-2]
+    q2, k2 = q.reshape(B * H, n, -1), k.reshape(B * H, c, -1).transpose(1, 2)
+    if mask is None:
+        s = torch.bmm(q2, k2).mul_(scale)
+    else:
+        s = torch.baddbmm(mask.expand(B, H, n, c).reshape(B * H, n, c), q2, k2, alpha=scale)
+    return s.softmax(-1).view(B, H, n, c)
+
+
+def _block_mask(scheme: PositionalScheme, q: Tensor, k: Tensor, pos: Tensor, r0: int, r1: int, c1: int,
+                causal: bool) -> tuple[Tensor | None, Tensor | None]:
+    """(bias, float mask) of query rows r0:r1 and keys :c1 for a bias rebuilt from
+    ``scheme.bias`` a block at a time (it reads q and k, or the scheme has a value term);
+    the bias keeps its graph where grad mode is on, the mask (bias plus causal mask) has none."""
+    b = scheme.bias(q, k, pos[r0:r1], pos[:c1])
+    if b is not None:
+        return b, with_causal(b.detach(), pos[r0:r1], pos[:c1], causal)
+    return None, causal_mask(pos[r0:r1], pos[:c1], q.dtype) if causal else None
+
+
+def value_term_attention(q: Tensor, k: Tensor, v: Tensor, pos: Tensor, scheme: PositionalScheme, causal: bool,
+                         scale: float) -> Tensor:
+    """P V + ``scheme.value_term(P)`` computed a block of query rows at a time (``row_blocks``),
+    with causal attention against the keys up to a block's last row only: the output of the
+    ``probabilities`` route without its (B, H, T, T) probabilities, and without the logits
+    above the diagonal. Positions are contiguous and increasing."""
+    y = torch.empty_like(v)
+    B, H, T, _ = q.shape
+    for r0, r1, c1 in row_blocks(B, H, T, k.shape[-2], causal):
+        qb, kb, vb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :]
+        p = block_probabilities(_block_mask(scheme, qb, kb, pos, r0, r1, c1, causal)[1], qb, kb, scale)
+        y[..., r0:r1, :] = (p @ vb).add_(scheme.value_term(p, pos[r0:r1], pos[:c1]))
+    return y
+
+
 class _RecomputedBiasAttention(torch.autograd.Function):
     """Attention with a bias that needs gradients: fused forward, memory-light backward.
 
@@ -113,7 +162,9 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     alone, KERPLE's and FIRE's, a block of query rows at a time, ``position_block``,
     from the relative part on the 2T - 1 distances and the block's absolute part; a
     content one -- Transformer-XL, skew, fixed bidirectional, whose bias depends on q
-    and k -- built by the layer and dropped), and the backward rebuilds any mask it
+    and k -- built by the layer and dropped; with a value term, Shaw's, no fused
+    kernel applies: ``value_term_attention`` computes P V + value_term(P) a block of
+    rows at a time and keeps none of it), and the backward rebuilds any mask it
     did not keep and recomputes the logits a block of query rows at a time, FlashAttention style (Dao et al.
     2022, Algorithm 2 with the softmax normaliser recomputed): with
     P = softmax(S), dV = P^T dY, dP = dY V^T, dS = P (dP - rowsum(dY Y)),
@@ -122,7 +173,10 @@ class _RecomputedBiasAttention(torch.autograd.Function):
     once, on the 2T - 1 distances), the blocks themselves to ``absolute_block``,
     and autograd carries both to the scheme's parameters. A content bias is
     rebuilt block by block from the block's queries and the keys, and autograd
-    carries dS to q, k and the parameters. Nothing of size T^2 is kept between
+    carries dS to q, k and the parameters. A value term adds its share to dP
+    (autograd through ``value_term`` of the block's P, which also gives its
+    parameters' gradients); rowsum(dY Y) is still rowsum(dP P), since Y is linear
+    in P. Nothing of size T^2 is kept between
     forward and backward but a mask shared by several layers. Positions are
     contiguous (``Attention.route``), so with causal attention a block
     of rows reads only the keys up to its last row. Checked against autograd
@@ -131,66 +185,70 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, pos, scheme, causal, scale, *params):
-        content = not scheme.position_only_bias
-        shared = None if content else mask  # the plan's mask of a scheme that several layers share
-        if mask is None:  # a position-only bias of this layer alone: a block at a time
-            rel_vals, parts = _position_parts(scheme, pos)
+        rebuilt = scheme.uses_value_term or not scheme.position_only_bias  # from scheme.bias, a block at a time
+        shared = None if rebuilt else mask  # the plan's mask of a scheme that several layers share
+        if scheme.uses_value_term:
+            y = value_term_attention(q, k, v, pos, scheme, causal, scale)
+        else:
+            if mask is None:  # a position-only bias of this layer alone: a block at a time
+                rel_vals, parts = _position_parts(scheme, pos)
 
-            def mask(r0, r1, c1):
-                absolute = scheme.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
-                return position_block(scheme, rel_vals, absolute, pos, r0, r1, c1, causal).to(q.dtype)
+                def mask(r0, r1, c1):
+                    absolute = scheme.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
+                    return position_block(scheme, rel_vals, absolute, pos, r0, r1, c1, causal).to(q.dtype)
 
-        y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
+            y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
         ctx.save_for_backward(q, k, v, pos, shared, y, *params)  # the backward rebuilds any other mask
-        ctx.scheme, ctx.causal, ctx.scale, ctx.content = scheme, causal, scale, content
+        ctx.scheme, ctx.causal, ctx.scale, ctx.rebuilt = scheme, causal, scale, rebuilt
         return y
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v, pos, shared, y, *params = ctx.saved_tensors
-        scheme, causal, scale = ctx.scheme, ctx.causal, ctx.scale
+        scheme, causal, scale, rebuilt = ctx.scheme, ctx.causal, ctx.scale, ctx.rebuilt
         B, H, T, _ = q.shape
         Tk = k.shape[-2]
         dy = dy.contiguous()
-        delta = (dy * y).sum(-1, keepdim=True)  # rowsum(dY * Y) = rowsum(dP * P)
+        delta = (dy * y).sum(-1, keepdim=True)  # rowsum(dY * Y) = rowsum(dP * P), a value term included
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         parts, rel_vals = (), None
-        if not ctx.content:
+        if not rebuilt:
             with torch.enable_grad():
                 rel_vals, parts = _position_parts(scheme, pos)
         leaves = tuple(p.detach().requires_grad_() for p in parts)
         wrt = [*params, *leaves]
         grads: list[Tensor | None] = [None] * len(wrt)
         d_rel = None if rel_vals is None else torch.zeros_like(rel_vals)
-        rows = max(1, BLOCK_ELEMENTS // (B * H * Tk))
-        for r0 in range(0, T, rows):
-            r1 = min(T, r0 + rows)
-            c1 = r1 if causal and SKIP_LATER_KEYS else Tk  # later keys are masked
+        for r0, r1, c1 in row_blocks(B, H, T, Tk, causal):
             qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]
             with torch.enable_grad():  # the block's bias, with its graph
-                if ctx.content:  # it depends on q and k
+                if rebuilt:  # it may read q and k
                     q_, k_ = qb.detach().requires_grad_(), kb.detach().requires_grad_()
-                    b = scheme.bias(q_, k_, pos[r0:r1], pos[:c1])
+                    b, mb = _block_mask(scheme, q_, k_, pos, r0, r1, c1, causal)
                 else:
                     b = scheme.absolute_block(leaves, pos, pos, slice(r0, r1), slice(0, c1))
-            if ctx.content:
-                mb = with_causal(b.detach(), pos[r0:r1], pos[:c1], causal)
-            elif shared is not None:
-                mb = shared[..., r0:r1, :c1]
-            else:
-                mb = position_block(scheme, rel_vals, b, pos, r0, r1, c1, causal).to(q.dtype)
-            p = torch.baddbmm(
-                mb.expand(B, H, r1 - r0, c1).reshape(B * H, r1 - r0, c1),
-                qb.reshape(B * H, r1 - r0, -1),
-                kb.reshape(B * H, c1, -1).transpose(1, 2),
-                alpha=scale,
-            ).softmax(-1).view(B, H, r1 - r0, c1)
+            if not rebuilt:
+                mb = shared[..., r0:r1, :c1] if shared is not None else \
+                    position_block(scheme, rel_vals, b, pos, r0, r1, c1, causal).to(q.dtype)
+            p = block_probabilities(mb, qb, kb, scale)
             dv[..., :c1, :] += p.transpose(-1, -2) @ dyb
-            ds = p.mul_(dyb @ vb.transpose(-1, -2) - delta[..., r0:r1, :])  # dS, in place of P
+            dp = dyb @ vb.transpose(-1, -2)
+            if scheme.uses_value_term:  # Y += value_term(P): its share of dP, and its parameters' gradients
+                with torch.enable_grad():
+                    p_ = p.detach().requires_grad_()
+                    g = torch.autograd.grad(scheme.value_term(p_, pos[r0:r1], pos[:c1]), [p_, *params], dyb,
+                                            allow_unused=True)
+                if g[0] is not None:
+                    dp += g[0]
+                grads = _merge(grads, g[1:])
+            ds = p.mul_(dp.sub_(delta[..., r0:r1, :]))  # dS, in place of P
             dq[..., r0:r1, :] = (ds @ kb) * scale
             dk[..., :c1, :] += (ds.transpose(-1, -2) @ qb) * scale
-            if ctx.content:
-                g = torch.autograd.grad(b, [q_, k_, *params], ds if b.shape[0] == B else ds.sum(0, keepdim=True), allow_unused=True)
+            if rebuilt:
+                if b is None or not b.requires_grad:
+                    continue
+                g = torch.autograd.grad(b, [q_, k_, *params], ds if b.shape[0] == B else ds.sum(0, keepdim=True),
+                                        allow_unused=True)
                 dq[..., r0:r1, :] += g[0] if g[0] is not None else 0
                 if g[1] is not None:
                     dk[..., :c1, :] += g[1]
@@ -213,8 +271,9 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
 
 #: how a layer computes attention (``Attention.route``): the fused kernel with no
-#: mask, the fused kernel with a float mask (bias + causal), the fused forward
-#: with the memory-light backward, or explicit probabilities for a value term
+#: mask, the fused kernel with a float mask (bias + causal), the fused forward (or,
+#: with a value term, a blockwise one) with the memory-light backward, or explicit
+#: (B, H, T, T) probabilities for a value term
 FUSED, MASKED, RECOMPUTED, PROBABILITIES = "fused", "masked", "recomputed", "probabilities"
 
 
@@ -246,7 +305,7 @@ def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor) -> Atten
     of every position-only scheme instance among the layers (on the ``recomputed``
     route, of every instance that several layers share)."""
     route = layers[0].route(x, pos)
-    users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias)
+    users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias and not attn.scheme.uses_value_term)
     masks: dict = {}
     with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):  # recomputed: trained in its backward
         for attn in layers:
@@ -263,9 +322,11 @@ class Attention(nn.Module):
     forward for all layers (``plan_attention``): ``fused`` (no bias: the fused
     kernel, ``is_causal``), ``masked`` (the bias plus the causal mask as a float
     mask), ``recomputed`` (as masked, but the mask carries no graph and the
-    backward recomputes it, ``_RecomputedBiasAttention``) and ``probabilities`` (a
-    value term needs the attention probabilities). A layer called alone plans
-    for itself, with the same planner.
+    backward recomputes it, ``_RecomputedBiasAttention``; with a value term the
+    forward too runs a block of query rows at a time, ``value_term_attention``) and
+    ``probabilities`` (a value term with all of the attention probabilities at once,
+    where the blockwise route does not apply). A layer called alone plans for
+    itself, with the same planner.
     """
 
     def __init__(self, d_model: int, n_heads: int, scheme: PositionalScheme, causal: bool, dropout: float = 0.0):
@@ -292,23 +353,25 @@ class Attention(nn.Module):
 
     def route(self, x: Tensor, pos: Tensor) -> str:
         """The route of a call with input ``x`` at positions ``pos``. ``recomputed``
-        needs a bias without a value term (a position-only one only with trainable
-        parameters: a fixed one keeps the fused kernel in the backward too),
-        contiguous positions, CPU (CUDA's fused kernels take a mask that requires
-        grad themselves), gradients on and no attention dropout."""
+        needs contiguous positions, CPU (CUDA's fused kernels take a mask that
+        requires grad themselves), no attention dropout, and either a value term
+        (with gradients on or off: its blockwise forward keeps no (T, T)
+        probabilities) or gradients on and a bias to train (a content one, or a
+        position-only one with trainable parameters: a fixed one keeps the fused
+        kernel in the backward too). Otherwise a value term takes ``probabilities``
+        and a bias ``masked``."""
         sch = self.scheme
-        if sch.uses_value_term:
-            return PROBABILITIES
-        if not sch.has_bias:
+        if not (sch.has_bias or sch.uses_value_term):
             return FUSED
+        trains = torch.is_grad_enabled() and (
+            not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
         recompute = (
             x.device.type == "cpu"
-            and torch.is_grad_enabled()
+            and (sch.uses_value_term or trains)
             and not (self.training and self.dropout > 0)
-            and (not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
             and is_contiguous(pos)
         )
-        return RECOMPUTED if recompute else MASKED
+        return RECOMPUTED if recompute else PROBABILITIES if sch.uses_value_term else MASKED
 
     def position_mask(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
         """Float attention mask of a position-only bias scheme, causal mask included
@@ -331,8 +394,9 @@ class Attention(nn.Module):
                 drop = self.dropout if self.training else 0.0
                 increasing = self.causal and bool((pos[1:] > pos[:-1]).all())
                 y = masked_attention(q, k, v, self._mask(q, k, pos, plan), self.scheme.logit_scale(), increasing, drop)
-            else:  # a layer's own position-only bias is built a block at a time there
-                own = self.scheme.position_only_bias and plan.mask(self.scheme) is None
+            else:  # a layer's own position-only bias, and any bias with a value term, are built a block at a time
+                sch = self.scheme
+                own = sch.uses_value_term or (sch.position_only_bias and plan.mask(sch) is None)
                 y = self._recomputed(q, k, v, pos, None if own else self._mask(q, k, pos, plan))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
