@@ -34,6 +34,7 @@ from posenc.encodings import (
     RoPE,
     Sinusoidal,
     alibi_slopes,
+    distance_range,
     relative_logits,
     relative_positions,
     relative_shift,
@@ -1204,6 +1205,11 @@ def test_toeplitz_and_diagonal_sums_vs_indexing(Tq, Tk):
     vals = torch.randn(2, Tq + Tk - 1)
     rel = relative_positions(torch.arange(Tq), torch.arange(Tk))  # j - i
     torch.testing.assert_close(toeplitz(vals, Tq, Tk), vals[:, rel + Tq - 1])
+    for q0, k0 in ((0, 0), (7, 3), (2, 9)):  # the distances laid out are every j - i, in increasing order
+        q_pos, k_pos = torch.arange(Tq) + q0, torch.arange(Tk) + k0
+        span = distance_range(q_pos, k_pos)
+        assert span.tolist() == list(range(k0 - (q0 + Tq - 1), k0 + Tk - q0))
+        torch.testing.assert_close(toeplitz(span, Tq, Tk), relative_positions(q_pos, k_pos), rtol=0, atol=0)
     x = torch.randn(2, Tq, Tk)
     for r0 in range(Tq):  # rows r0.. of the Tq x Tk matrix, first c columns
         for c in range(1, Tk + 1):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .encodings.base import PositionalScheme, is_contiguous, toeplitz
+from .encodings.base import PositionalScheme, distance_range, is_contiguous, toeplitz
 
 #: a float mask built a block at a time: (r0, r1, c1) -> the mask of query rows r0:r1 and keys :c1
 MaskBlocks = Callable[[int, int, int], Tensor]
@@ -80,8 +80,7 @@ def position_block(scheme: PositionalScheme, rel_vals: Tensor | None, absolute: 
 def _position_parts(scheme: PositionalScheme, pos: Tensor) -> tuple[Tensor | None, tuple[Tensor, ...]]:
     """What every block of ``position_block`` shares: the relative part on the 2T - 1
     distances and the scheme's ``absolute_parts``, with a graph where grad mode is on."""
-    T = pos.shape[0]
-    return scheme.relative_bias(torch.arange(1 - T, T, device=pos.device)), scheme.absolute_parts(pos, pos)
+    return scheme.relative_bias(distance_range(pos, pos)), scheme.absolute_parts(pos, pos)
 
 
 def _merge(acc: list[Tensor | None], new: tuple[Tensor | None, ...]) -> list[Tensor | None]:
@@ -264,9 +263,10 @@ class _RecomputedBiasAttention(torch.autograd.Function):
                 grads = _merge(grads, torch.autograd.grad(b, wrt, db[None], allow_unused=True))
         if d_rel is not None and params:
             grads = _merge(grads, torch.autograd.grad(rel_vals, params, d_rel, allow_unused=True))
-        if leaves and params:
-            part_grads = [torch.zeros_like(p) if g is None else g for p, g in zip(parts, grads[len(params) :])]
-            grads = _merge(grads, torch.autograd.grad(parts, params, part_grads, allow_unused=True))
+        trained = [(p, g) for p, g in zip(parts, grads[len(params) :]) if p.requires_grad and g is not None]
+        if trained and params:
+            outs, part_grads = zip(*trained)
+            grads = _merge(grads, torch.autograd.grad(outs, params, part_grads, allow_unused=True))
         return (dq, dk, dv, None, None, None, None, None, *grads[: len(params)])
 
 

@@ -1,7 +1,7 @@
 """Positional-encoding schemes behind one interface (see ``base``)."""
 
 from .absolute import Learned, NoPE, Sinusoidal, sinusoid, sinusoidal_table
-from .base import TERM_NAMES, PositionalScheme, is_contiguous, relative_positions, toeplitz
+from .base import TERM_NAMES, PositionalScheme, distance_range, is_contiguous, relative_positions, toeplitz
 from .position_bias import FIRE, ALiBi, Kerple, T5Bias, alibi_slopes, t5_relative_bucket
 from .cape import CAPE
 from .content_bias import (
@@ -41,6 +41,7 @@ __all__ = [
     "alibi_slopes",
     "is_contiguous",
     "relative_logits",
+    "distance_range",
     "relative_positions",
     "relative_shift",
     "relative_shift_future",

@@ -194,10 +194,8 @@ class PositionalScheme(nn.Module):
         if not self.defines("relative_bias"):
             return out
         if is_contiguous(q_pos) and is_contiguous(k_pos):
-            Tq, Tk = q_pos.shape[0], k_pos.shape[0]
-            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)  # the smallest j - i
-            vals = self.relative_bias(torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device))
-            rel = None if vals is None else toeplitz(vals, Tq, Tk)[None]
+            vals = self.relative_bias(distance_range(q_pos, k_pos))
+            rel = None if vals is None else toeplitz(vals, q_pos.shape[0], k_pos.shape[0])[None]
         else:
             d = relative_positions(q_pos, k_pos)
             vals = self.relative_bias(d.flatten())
@@ -279,6 +277,14 @@ def toeplitz(vals: Tensor, Tq: int, Tk: int) -> Tensor:
         raise ValueError(f"toeplitz needs {Tq + Tk - 1} values for {Tq}x{Tk}, got {vals.shape[-1]}")
     # window w of length Tk starts at vals[w]; row i is window Tq - 1 - i
     return vals.unfold(-1, Tk, 1).flip(-2)
+
+
+def distance_range(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """The Tq + Tk - 1 distances j - i that consecutive query and key positions span, in
+    increasing order (the order ``toeplitz`` reads): k_pos[0] - q_pos[-1] .. k_pos[-1] - q_pos[0]."""
+    Tq, Tk = q_pos.shape[0], k_pos.shape[0]
+    lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)
+    return torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device)
 
 
 def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .absolute import sinusoid
-from .base import PositionalScheme, is_contiguous, relative_positions
+from .base import PositionalScheme, distance_range, is_contiguous, relative_positions
 
 # ----------------------------------------------------------------- index tricks
 
@@ -320,12 +320,10 @@ class SkewRelative(_ContentBiasTerms, PositionalScheme):
         return self.rel_key[dist_ji.clamp(-k, k) + k]  # (n, Dh)
 
     def content_bias(self, q, k, q_pos, k_pos):
-        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
         s = self.logit_scale()
-        if is_contiguous(q_pos) and is_contiguous(k_pos):  # j - i from k0 - (q0 + Tq - 1) to k0 + Tk - 1 - q0
-            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)
-            table = self._table(torch.arange(lo, lo + Tq + Tk - 1, device=q.device)).to(q.dtype)
-            return skew(q @ table.T, Tk) * s  # (B, H, Tq, Tq+Tk-1) -> (B, H, Tq, Tk)
+        if is_contiguous(q_pos) and is_contiguous(k_pos):  # the distances j - i present, in increasing order
+            table = self._table(distance_range(q_pos, k_pos).to(q.device)).to(q.dtype)
+            return skew(q @ table.T, k_pos.shape[0]) * s  # (B, H, Tq, Tq+Tk-1) -> (B, H, Tq, Tk)
         # relative_logits uses i - j; the table is indexed by j - i
         return relative_logits(q, lambda d: self._table(-d), q_pos, k_pos, causal=False) * s
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import PositionalScheme, is_contiguous, toeplitz
+from .base import PositionalScheme, distance_range, is_contiguous, toeplitz
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -200,23 +200,6 @@ class FIRE(PositionalScheme):
     def psi(self, x: Tensor) -> Tensor:
         return torch.log1p(self.c.abs() * x)
 
-    def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """(Tq, Tk) input of the MLP. psi is increasing, so psi(max(i, j, L)) is the larger
-        of a row's psi(max(i, L)) and a column's psi(j): two vectors, not a log a pair; for
-        consecutive positions the numerator sign(i - j) psi(|i - j|) is laid out from the
-        Tq + Tk - 1 distances (a Toeplitz matrix)."""
-        dt = self.c.dtype
-        qp, kp = q_pos.to(dt), k_pos.to(dt)
-        norm = torch.maximum(self.psi(torch.maximum(qp, self.threshold.abs()))[:, None] + self.eps,
-                             self.psi(kp)[None, :] + self.eps)
-        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
-        if is_contiguous(q_pos) and is_contiguous(k_pos):
-            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)  # the smallest j - i
-            d = -torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device).to(dt)  # i - j
-            return toeplitz(torch.sign(d) * self.psi(d.abs()), Tq, Tk) / norm
-        d = qp[:, None] - kp[None, :]
-        return torch.sign(d) * self.psi(d.abs()) / norm
-
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP as the piecewise-linear function it is: f(x) = W2 relu(w1 x + b1) + b2 is
         linear between the points t_k = -b1_k / w1_k where a hidden unit switches, so with
@@ -243,23 +226,56 @@ class FIRE(PositionalScheme):
     def mlp_of_pairs(self, x: Tensor) -> Tensor:
         """The MLP on every entry of x (Tq, Tk), (H, Tq, Tk), as ``pieces``: a sorted search, a
         gather and a multiply-add a pair instead of a (Tq, Tk, width) hidden layer."""
+        return _Pieces.apply(x, *self.pieces())
+
+    def absolute_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
+        """What every block of ``absolute_block`` shares: the MLP's ``pieces``; the row and
+        column normalisers psi(max(i, L)) + eps and psi(j) + eps (psi is increasing, so a
+        pair's psi(max(i, j, L)) + eps is the larger of its row's and its column's); and, for
+        consecutive positions, the numerator sign(i - j) psi(|i - j|) on the Tq + Tk - 1
+        distances and the MLP's values there below the threshold (every normaliser psi(L)),
+        in the order of ``distance_range`` (empty otherwise)."""
         order, A, C = self.pieces()
-        return _Pieces.apply(x, order, A, C)
+        dt = self.c.dtype
+        row_norm = self.psi(torch.maximum(q_pos.to(dt), self.threshold.abs())) + self.eps
+        col_norm = self.psi(k_pos.to(dt)) + self.eps
+        if not (is_contiguous(q_pos) and is_contiguous(k_pos)) or q_pos.numel() == 0 or k_pos.numel() == 0:
+            return order, A, C, row_norm, col_norm, row_norm.new_empty(0), A.new_empty(A.shape[0], 0)
+        d = -distance_range(q_pos, k_pos).to(dt)  # i - j
+        numer = torch.sign(d) * self.psi(d.abs())
+        below = self.mlp((numer / (self.psi(self.threshold.abs()) + self.eps))[:, None]).T  # (H, Tq + Tk - 1)
+        return order, A, C, row_norm, col_norm, numer, below
+
+    def absolute_block(self, parts, q_pos, k_pos, rows, cols):
+        """(1, H, rows, cols) from ``absolute_parts``. While no position of the block passes
+        the threshold L, every pair's normaliser is psi(L) and the MLP's input depends on
+        i - j alone: for consecutive positions the block is laid out by distance from the
+        MLP's values on the distances (a Toeplitz matrix). Otherwise the MLP's input is the
+        numerator over the larger normaliser, and the MLP is evaluated on every pair as the
+        piecewise-linear function it is (``pieces``)."""
+        order, A, C, row_norm, col_norm, numer, below = parts
+        qp, kp = q_pos[rows], k_pos[cols]
+        n, m = qp.shape[0], kp.shape[0]
+        row_norm, col_norm = row_norm[rows, None], col_norm[None, cols]
+        if not numer.numel():  # positions not consecutive: every pair
+            d = (qp[:, None] - kp[None, :]).to(row_norm.dtype)
+            x = torch.sign(d) * self.psi(d.abs()) / torch.maximum(row_norm, col_norm)
+            return _Pieces.apply(x, order, A, C)[None]
+        first = int(kp[0] - qp[-1]) - int(k_pos[0] - q_pos[-1])  # the block's smallest j - i, from the whole's
+        span = slice(first, first + n + m - 1)
+        if max(int(qp.max()), int(kp.max())) <= float(self.threshold.detach().abs()):
+            return toeplitz(below[:, span], n, m)[None]
+        num = toeplitz(numer[span], n, m)
+        x = num * row_norm.reciprocal()  # a key at or before every query of the block: the row's normaliser
+        left = min(m, max(0, int(qp.min() - kp[0]) + 1))  # such keys: psi(j) <= psi(i) <= psi(max(i, L))
+        if left < m:
+            x[:, left:] = num[:, left:] / torch.maximum(row_norm, col_norm[:, left:])
+        return _Pieces.apply(x, order, A, C)[None]
 
     def absolute_bias(self, q_pos, k_pos):
-        """(1, H, Tq, Tk). While no position passes the threshold L, every pair's
-        normaliser is psi(L) and the MLP's input depends on i - j alone: for consecutive
-        positions the MLP runs on the Tq + Tk - 1 distances and its values are laid out
-        by distance (a Toeplitz matrix). Otherwise it is evaluated on every pair, as the
-        piecewise-linear function it is (``mlp_of_pairs``)."""
-        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
-        below = max(int(q_pos.max()), int(k_pos.max())) <= float(self.threshold.detach().abs())
-        if below and is_contiguous(q_pos) and is_contiguous(k_pos):
-            lo = int(k_pos[0] - q_pos[0]) - (Tq - 1)  # the smallest j - i
-            d = -torch.arange(lo, lo + Tq + Tk - 1, device=q_pos.device).to(self.c.dtype)  # i - j
-            x = torch.sign(d) * self.psi(d.abs()) / (self.psi(self.threshold.abs()) + self.eps)
-            return toeplitz(self.mlp(x[:, None]).T, Tq, Tk)[None]
-        return self.mlp_of_pairs(self.normalized_distance(q_pos, k_pos))[None]
+        """(1, H, Tq, Tk): ``absolute_block`` of every row and column."""
+        every = slice(None)
+        return self.absolute_block(self.absolute_parts(q_pos, k_pos), q_pos, k_pos, every, every)
 
 
 class _Pieces(torch.autograd.Function):
@@ -283,11 +299,13 @@ class _Pieces(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, s, slope = ctx.saved_tensors
-        H, S = slope.shape[0], ctx.segments
+        H, S, L, n = slope.shape[0], ctx.segments, _Pieces.LANES, s.shape[0]
         g = g.reshape(H, -1)
-        # neighbouring pairs mostly share a segment; adding them into LANES interleaved copies of
+        # neighbouring pairs mostly share a segment; adding them into L interleaved copies of
         # each sum keeps consecutive adds off one accumulator (5x faster than one copy here)
-        lane = torch.arange(s.shape[0], device=s.device) % _Pieces.LANES
-        per_segment = g.new_zeros(2 * H, S * _Pieces.LANES).index_add_(
-            1, s * _Pieces.LANES + lane, torch.cat([g * x.reshape(1, -1), g])).view(2 * H, S, -1).sum(-1)
+        lanes = torch.arange(L, device=s.device).repeat(-(-n // L))[:n]
+        both = g.new_empty(2 * H, n)  # the gradients of the slopes (g x) and of the intercepts (g)
+        torch.mul(g, x.reshape(1, -1), out=both[:H])
+        both[H:] = g
+        per_segment = g.new_zeros(2 * H, S * L).index_add_(1, lanes.add_(s, alpha=L), both).view(2 * H, S, L).sum(-1)
         return (g * slope.reshape(H, -1)).sum(0).view(x.shape), None, per_segment[:H], per_segment[H:]
