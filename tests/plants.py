@@ -49,6 +49,8 @@ PLANTS = [
      "torch.where(rising, seg > rank, seg <= rank)", "torch.where(rising, seg >= rank, seg <= rank)"),
     ("FIRE's pieces: slope gradients summed into the intercepts", "src/posenc/encodings/position_bias.py",
      "per_segment[:H], per_segment[H:]", "per_segment[H:], per_segment[:H]"),
+    ("FIRE's segments a row at a time: counted one key late", "src/posenc/encodings/position_bias.py",
+     "torch.cumsum(ends[:, :m], 1", "torch.cumsum(ends[:, 1:], 1"),
     ("FIRE's row normaliser on one key too many", "src/posenc/encodings/position_bias.py",
      "left = min(m, max(0, int(qp.min() - kp[0]) + 1))", "left = min(m, max(0, int(qp.min() - kp[0]) + 2))"),
     ("a value term's share of dP left out of the blockwise backward", "src/posenc/attention.py",

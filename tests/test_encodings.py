@@ -816,6 +816,52 @@ def test_fire_pieces_equal_the_mlp():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_pieces_segments_of_non_increasing_rows():
+    """``_Pieces.segments`` of rows that never increase (a search per row and break point)
+    gives the integers ``searchsorted`` gives entry by entry: with ties, entries on a break,
+    beyond the outermost breaks, and a flat unit's infinite break."""
+    from posenc.encodings.position_bias import _Pieces
+
+    torch.manual_seed(0)
+    order = torch.sort(torch.cat([torch.randn(12), torch.tensor([0.5, 0.5, float("inf")])])).values
+    rows = torch.cat([torch.randn(6, 40) * 2, order[:3].repeat(6, 1), torch.full((6, 5), 0.5)], 1)
+    x = torch.sort(rows.round(decimals=1), dim=1, descending=True).values
+    x[:, 3] = x[:, 4]  # a tie
+    got = _Pieces.segments(x, order, True)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), torch.searchsorted(order, x))
+    assert torch.equal(_Pieces.segments(x, order, False).long(), torch.searchsorted(order, x))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_block_input_never_increases_along_a_row(causal):
+    """FIRE's input on a block of consecutive positions past its threshold never increases
+    along a row (what ``_Pieces`` relies on to search a row at a time), but for float
+    rounding where it changes by less than an ulp from key to key (far past the query, with
+    a large c), for c from 0.01 to 10, thresholds below and inside the length, whole matrices
+    and blocks at offsets. Its segments equal those of ``searchsorted`` but for entries
+    within a few ulps of a break point, where either side's line gives the same value (the
+    MLP is continuous)."""
+    from posenc.encodings.position_bias import _Pieces
+
+    T = 1200
+    for c, threshold, offset in [(0.1, 512.0, 0), (0.01, 1.0, 3), (1.0, 40.0, 700), (10.0, 4.0, 0), (0.1, 1.0, 5000)]:
+        sch = build("fire", causal, init_c=c, init_threshold=threshold)
+        pos = torch.arange(T) + offset
+        with torch.no_grad():
+            parts = sch.absolute_parts(pos, pos)
+            order = parts[0]
+            for rows, cols in [(slice(None), slice(None)), (slice(600, 728), slice(0, 728)), (slice(1100, 1200), slice(None))]:
+                x = sch.block_input(parts, pos, pos, rows, cols)
+                ulp = torch.finfo(x.dtype).eps * x.abs()
+                bad = (x[:, 1:] - x[:, :-1] > 2 * ulp[:, 1:]).nonzero()
+                assert not len(bad), f"c={c}, L={threshold}, +{offset}: rises at {bad[:3].tolist()}"
+                differ = _Pieces.segments(x, order, True).long() != torch.searchsorted(order, x)
+                breaks = order[torch.isfinite(order)]
+                near = ((x[..., None] - breaks).abs() <= 4 * torch.finfo(x.dtype).eps * (x.abs()[..., None] + breaks.abs())).any(-1)
+                assert not (differ & ~near).any(), f"c={c}, L={threshold}, +{offset}: {int(differ.sum())} differ"
+
+
 def test_sinusoidal_embed_vs_formula():
     """Sinusoidal.embed, inside its table and past it, against Vaswani et al.'s formula
     evaluated element by element: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...)."""

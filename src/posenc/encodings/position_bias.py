@@ -226,7 +226,7 @@ class FIRE(PositionalScheme):
     def mlp_of_pairs(self, x: Tensor) -> Tensor:
         """The MLP on every entry of x (Tq, Tk), (H, Tq, Tk), as ``pieces``: a sorted search, a
         gather and a multiply-add a pair instead of a (Tq, Tk, width) hidden layer."""
-        return _Pieces.apply(x, *self.pieces())
+        return _Pieces.apply(x, *self.pieces(), False)
 
     def absolute_parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, ...]:
         """What every block of ``absolute_block`` shares: the MLP's ``pieces``; the row and
@@ -256,26 +256,46 @@ class FIRE(PositionalScheme):
         order, A, C, row_norm, col_norm, numer, below = parts
         qp, kp = q_pos[rows], k_pos[cols]
         n, m = qp.shape[0], kp.shape[0]
-        row_norm, col_norm = row_norm[rows, None], col_norm[None, cols]
         if not numer.numel():  # positions not consecutive: every pair
             d = (qp[:, None] - kp[None, :]).to(row_norm.dtype)
-            x = torch.sign(d) * self.psi(d.abs()) / torch.maximum(row_norm, col_norm)
-            return _Pieces.apply(x, order, A, C)[None]
-        first = int(kp[0] - qp[-1]) - int(k_pos[0] - q_pos[-1])  # the block's smallest j - i, from the whole's
-        span = slice(first, first + n + m - 1)
+            x = torch.sign(d) * self.psi(d.abs()) / torch.maximum(row_norm[rows, None], col_norm[None, cols])
+            return _Pieces.apply(x, order, A, C, False)[None]
         if max(int(qp.max()), int(kp.max())) <= float(self.threshold.detach().abs()):
-            return toeplitz(below[:, span], n, m)[None]
-        num = toeplitz(numer[span], n, m)
+            return toeplitz(below[:, _window(q_pos, k_pos, qp, kp)], n, m)[None]
+        return _Pieces.apply(self.block_input(parts, q_pos, k_pos, rows, cols), order, A, C, True)[None]
+
+    def block_input(self, parts, q_pos: Tensor, k_pos: Tensor, rows: slice, cols: slice) -> Tensor:
+        """The MLP's input on a block of consecutive positions past the threshold, (rows, cols):
+        the numerator laid out by distance over the larger of the row's and the column's
+        normaliser. Along a row it never increases (j - i grows, and past the query, where
+        the column's normaliser may take over, psi(j - i) / psi(j) grows with j as well),
+        which ``_Pieces`` uses to find the segments a row at a time. In float32 it may rise by
+        an ulp where it changes by less than that from key to key (far past the query, large
+        c); that moves only entries within an ulp or so of a break point to the neighbouring
+        segment, whose line gives the same value there. Checked in
+        test_fire_block_input_never_increases_along_a_row."""
+        _, _, _, row_norm, col_norm, numer, _ = parts
+        qp, kp = q_pos[rows], k_pos[cols]
+        n, m = qp.shape[0], kp.shape[0]
+        row_norm, col_norm = row_norm[rows, None], col_norm[None, cols]
+        num = toeplitz(numer[_window(q_pos, k_pos, qp, kp)], n, m)
         x = num * row_norm.reciprocal()  # a key at or before every query of the block: the row's normaliser
         left = min(m, max(0, int(qp.min() - kp[0]) + 1))  # such keys: psi(j) <= psi(i) <= psi(max(i, L))
         if left < m:
             x[:, left:] = num[:, left:] / torch.maximum(row_norm, col_norm[:, left:])
-        return _Pieces.apply(x, order, A, C)[None]
+        return x
 
     def absolute_bias(self, q_pos, k_pos):
         """(1, H, Tq, Tk): ``absolute_block`` of every row and column."""
         every = slice(None)
         return self.absolute_block(self.absolute_parts(q_pos, k_pos), q_pos, k_pos, every, every)
+
+
+def _window(q_pos: Tensor, k_pos: Tensor, qp: Tensor, kp: Tensor) -> slice:
+    """Where the distances of a block (queries qp, keys kp) sit among those of the whole
+    (``distance_range(q_pos, k_pos)``), for consecutive positions."""
+    first = int(kp[0] - qp[-1]) - int(k_pos[0] - q_pos[-1])  # the block's smallest j - i, from the whole's
+    return slice(first, first + qp.shape[0] + kp.shape[0] - 1)
 
 
 class _Pieces(torch.autograd.Function):
@@ -287,9 +307,25 @@ class _Pieces(torch.autograd.Function):
     LANES = 8
 
     @staticmethod
-    def forward(ctx, x, order, A, C):
+    def segments(x: Tensor, order: Tensor, rows_non_increasing: bool) -> Tensor:
+        """The segment of every entry of x, the number of ``order`` below it (int32). For x
+        (n, m) whose rows never increase, one search per row and break point instead of one
+        per entry: J[i, k] entries of row i lie above order[k], so entry j lies above the
+        order[k] with J[i, k] > j, counted with a cumulative sum. The same integers as
+        ``searchsorted`` (test_pieces_segments_of_non_increasing_rows)."""
+        if not rows_non_increasing or x.dim() != 2 or x.numel() == 0:
+            return torch.searchsorted(order, x, out_int32=True)
+        n, m = x.shape
+        W = order.shape[0]
+        J = torch.searchsorted(x.neg(), order.neg().expand(n, W).contiguous())  # (n, W)
+        ends = torch.zeros(n, m + 1, dtype=torch.int32, device=x.device)
+        ends.scatter_add_(1, J, torch.ones(n, W, dtype=torch.int32, device=x.device))
+        return torch.cumsum(ends[:, :m], 1, dtype=torch.int32).neg_().add_(W)
+
+    @staticmethod
+    def forward(ctx, x, order, A, C, rows_non_increasing):
         x = x.contiguous()
-        s = torch.searchsorted(order, x).flatten()
+        s = _Pieces.segments(x, order, rows_non_increasing).flatten()
         H, S = A.shape
         slope = A.index_select(1, s).view(H, *x.shape)
         ctx.save_for_backward(x, s, slope)
@@ -308,4 +344,4 @@ class _Pieces(torch.autograd.Function):
         torch.mul(g, x.reshape(1, -1), out=both[:H])
         both[H:] = g
         per_segment = g.new_zeros(2 * H, S * L).index_add_(1, lanes.add_(s, alpha=L), both).view(2 * H, S, L).sum(-1)
-        return (g * slope.reshape(H, -1)).sum(0).view(x.shape), None, per_segment[:H], per_segment[H:]
+        return (g * slope.reshape(H, -1)).sum(0).view(x.shape), None, per_segment[:H], per_segment[H:], None
