@@ -110,8 +110,10 @@ def test_attention_layer_equals_dense_reference(name, causal, extra, T, position
 def test_model_equals_dense_reference(name, causal, extra, T, monkeypatch):
     """The whole model (the embedding, a position-only bias built once per forward and shared by
     the layers of a shared scheme, two layers) in evaluation mode with gradients on: logits
-    and the gradient of every parameter against the dense formula."""
+    and the gradient of every parameter against the dense formula; and with gradients off
+    (a layer's own bias a block of 64 rows at a time), the logits."""
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 2 * H * T * 32)
+    monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
     torch.manual_seed(1)
     cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
     model = Transformer(cfg, factory(name, **extra)).eval()
@@ -123,6 +125,8 @@ def test_model_equals_dense_reference(name, causal, extra, T, monkeypatch):
     pos = torch.arange(T)
     y, ref = model(idx, pos), dense_model(model, idx, pos)
     torch.testing.assert_close(y, ref, atol=5e-5, rtol=5e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, pos), ref, atol=5e-5, rtol=5e-5)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     upstream = torch.randn_like(y)
     for (n, _), a, b in zip(named, grads(y, upstream, [p for _, p in named]),
@@ -276,12 +280,13 @@ def test_a_scheme_that_sets_what_its_parts_decide_is_refused_when_its_class_is_m
         PositionalScheme.defines("bias")
 
 
-@pytest.mark.parametrize("name,instances", [("t5_bias", 1), ("kerple", 3), ("shaw", 0), ("rope", 0)])
-def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, monkeypatch):
-    """The model plans a forward once (``plan_attention``: one route, one mask per
-    position-only scheme instance: T5's one shared table, KERPLE's one per layer, none for
-    a content bias or no bias) and hands the plan to every layer; a layer called alone
-    plans for itself with the same planner, and its output is the same as inside the model."""
+@pytest.mark.parametrize("name,instances,gapped", [("t5_bias", 1, 1), ("kerple", 0, 3), ("shaw", 0, 0), ("rope", 0, 0)])
+def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, gapped, monkeypatch):
+    """The model plans a forward once (``plan_attention``: one route, one whole mask per
+    position-only scheme instance that needs one: T5's one shared table; KERPLE's one per
+    layer only at positions that are not contiguous, a block at a time otherwise; none for a
+    content bias or no bias) and hands the plan to every layer; a layer called alone plans
+    for itself with the same planner, and its output is the same as inside the model."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, d_ff=64, max_len=64)
     model = Transformer(cfg, factory(name)).eval()
@@ -310,6 +315,9 @@ def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, 
         alone = model.blocks[1].attn(h, pos)
     assert calls["route"] == 2  # the layer alone planned for itself
     torch.testing.assert_close(alone, inside, rtol=0, atol=0)
+    with torch.no_grad():
+        model(idx, torch.arange(16) * 2)
+    assert calls == {"route": 3, "mask": instances + gapped}
 
 
 @pytest.mark.parametrize("name,causal,extra", CASES)

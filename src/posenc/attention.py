@@ -83,6 +83,19 @@ def _position_parts(scheme: PositionalScheme, pos: Tensor) -> tuple[Tensor | Non
     return scheme.relative_bias(distance_range(pos, pos)), scheme.absolute_parts(pos, pos)
 
 
+def position_blocks(scheme: PositionalScheme, pos: Tensor, causal: bool, dtype: torch.dtype) -> MaskBlocks:
+    """The float mask of a position-only bias as a function of a block, ``(r0, r1, c1) ->
+    position_block(...)``, for ``masked_attention``: the parts every block shares are
+    computed once, here, and no block keeps a graph."""
+    rel_vals, parts = _position_parts(scheme, pos)
+
+    def block(r0: int, r1: int, c1: int) -> Tensor:
+        absolute = scheme.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
+        return position_block(scheme, rel_vals, absolute, pos, r0, r1, c1, causal).to(dtype)
+
+    return block
+
+
 def _merge(acc: list[Tensor | None], new: tuple[Tensor | None, ...]) -> list[Tensor | None]:
     """acc + new elementwise (None = zero); new may cover a prefix of acc only."""
     merged = [a if g is None else g if a is None else a + g for a, g in zip(acc, new)]
@@ -188,15 +201,9 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         shared = None if rebuilt else mask  # the plan's mask of a scheme that several layers share
         if scheme.uses_value_term:
             y = value_term_attention(q, k, v, pos, scheme, causal, scale)
-        else:
-            if mask is None:  # a position-only bias of this layer alone: a block at a time
-                rel_vals, parts = _position_parts(scheme, pos)
-
-                def mask(r0, r1, c1):
-                    absolute = scheme.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
-                    return position_block(scheme, rel_vals, absolute, pos, r0, r1, c1, causal).to(q.dtype)
-
-            y = masked_attention(q, k, v, mask, scale, causal)  # positions are contiguous on this route
+        else:  # a position-only bias of this layer alone: a block at a time
+            blocks = position_blocks(scheme, pos, causal, q.dtype) if mask is None else mask
+            y = masked_attention(q, k, v, blocks, scale, causal)  # positions are contiguous on this route
         ctx.save_for_backward(q, k, v, pos, shared, y, *params)  # the backward rebuilds any other mask
         ctx.scheme, ctx.causal, ctx.scale, ctx.rebuilt = scheme, causal, scale, rebuilt
         return y
@@ -287,9 +294,10 @@ class AttentionPlan:
     """How the layers of one forward compute attention, decided once, at the top
     (``plan_attention``), and handed down to every layer: the route, and the float
     masks of position-only biases (bias plus causal mask), one per scheme instance, so
-    layers that share a scheme (T5, TUPE) share its mask. On the ``recomputed`` route
-    only a scheme that several layers share has one; a layer's own bias is built there
-    a block of rows at a time, and never whole."""
+    layers that share a scheme (T5, TUPE) share its mask. On the ``recomputed`` route,
+    and on the ``masked`` one without gradients at contiguous positions, only a scheme
+    that several layers share has one; a layer's own bias (KERPLE's, FIRE's) is built
+    there a block of rows at a time, and never whole."""
 
     route: str
     masks: dict = field(default_factory=dict)  # PositionalScheme -> (1, H, T, T) mask
@@ -302,15 +310,17 @@ class AttentionPlan:
 def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor) -> AttentionPlan:
     """The plan of a forward through ``layers`` (every layer has the same kind of
     scheme) with input ``x`` at positions ``pos``: the first layer's route and the mask
-    of every position-only scheme instance among the layers (on the ``recomputed``
-    route, of every instance that several layers share)."""
+    of every position-only scheme instance among the layers that several layers share,
+    and, on the ``masked`` route with gradients on or positions that are not contiguous,
+    of every one (otherwise a layer's own is built a block at a time, ``position_blocks``)."""
     route = layers[0].route(x, pos)
     users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias and not attn.scheme.uses_value_term)
+    whole = route == MASKED and (torch.is_grad_enabled() or not is_contiguous(pos))
     masks: dict = {}
     with torch.set_grad_enabled(torch.is_grad_enabled() and route != RECOMPUTED):  # recomputed: trained in its backward
         for attn in layers:
             sch = attn.scheme
-            if sch in users and sch not in masks and (route == MASKED or users[sch] > 1):
+            if sch in users and sch not in masks and (whole or users[sch] > 1):
                 masks[sch] = attn.position_mask(pos, x.dtype)
     return AttentionPlan(route, masks)
 
@@ -400,12 +410,15 @@ class Attention(nn.Module):
                 y = self._recomputed(q, k, v, pos, None if own else self._mask(q, k, pos, plan))
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
-    def _mask(self, q: Tensor, k: Tensor, pos: Tensor, plan: AttentionPlan) -> Tensor:
-        """The plan's shared mask of this layer's position-only bias, or its content
-        bias (which reads this layer's q and k) plus the causal mask."""
+    def _mask(self, q: Tensor, k: Tensor, pos: Tensor, plan: AttentionPlan) -> Tensor | MaskBlocks:
+        """The plan's mask of this layer's position-only bias; one the plan did not build
+        (a layer's own, without gradients, at contiguous positions) a block at a time; or its
+        content bias (which reads this layer's q and k) plus the causal mask."""
         shared = plan.mask(self.scheme)
         if shared is not None:
             return shared.to(q.dtype)
+        if self.scheme.position_only_bias:
+            return position_blocks(self.scheme, pos, self.causal, q.dtype)
         with torch.set_grad_enabled(torch.is_grad_enabled() and plan.route != RECOMPUTED):
             return with_causal(self.scheme.bias(q, k, pos, pos).to(q.dtype), pos, pos, self.causal)
 
