@@ -200,6 +200,10 @@ class FIRE(PositionalScheme):
     def psi(self, x: Tensor) -> Tensor:
         return torch.log1p(self.c.abs() * x)
 
+    def numerator(self, d: Tensor) -> Tensor:
+        """sign(d) psi(|d|) of distances d = i - j (float): the MLP's input before its normaliser."""
+        return torch.sign(d) * self.psi(d.abs())
+
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP as the piecewise-linear function it is: f(x) = W2 relu(w1 x + b1) + b2 is
         linear between the points t_k = -b1_k / w1_k where a hidden unit switches, so with
@@ -241,8 +245,7 @@ class FIRE(PositionalScheme):
         col_norm = self.psi(k_pos.to(dt)) + self.eps
         if not (is_contiguous(q_pos) and is_contiguous(k_pos)) or q_pos.numel() == 0 or k_pos.numel() == 0:
             return order, A, C, row_norm, col_norm, row_norm.new_empty(0), A.new_empty(A.shape[0], 0)
-        d = -distance_range(q_pos, k_pos).to(dt)  # i - j
-        numer = torch.sign(d) * self.psi(d.abs())
+        numer = self.numerator(-distance_range(q_pos, k_pos).to(dt))  # i - j
         below = self.mlp((numer / (self.psi(self.threshold.abs()) + self.eps))[:, None]).T  # (H, Tq + Tk - 1)
         return order, A, C, row_norm, col_norm, numer, below
 
@@ -258,7 +261,7 @@ class FIRE(PositionalScheme):
         n, m = qp.shape[0], kp.shape[0]
         if not numer.numel():  # positions not consecutive: every pair
             d = (qp[:, None] - kp[None, :]).to(row_norm.dtype)
-            x = torch.sign(d) * self.psi(d.abs()) / torch.maximum(row_norm[rows, None], col_norm[None, cols])
+            x = self.numerator(d) / torch.maximum(row_norm[rows, None], col_norm[None, cols])
             return _Pieces.apply(x, order, A, C, False)[None]
         if max(int(qp.max()), int(kp.max())) <= float(self.threshold.detach().abs()):
             return toeplitz(below[:, _window(q_pos, k_pos, qp, kp)], n, m)[None]
