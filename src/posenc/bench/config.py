@@ -52,7 +52,8 @@ TARGET_STEP_CHEAP = 1.10
 CHEAP_BIASES = ("alibi", "t5_bias", "kerple")
 #: every scheme without a value term: peak training memory over none at most
 TARGET_MEM = 1.5
-#: the class of a scheme with a value term (``models._classes``), which keeps its probabilities
+#: the class of a scheme with a value term (``models._classes``); the memory target leaves it
+#: out, as it was set when such a scheme kept all of its attention probabilities
 VALUE_TERM = "bias + value term"
 
 
