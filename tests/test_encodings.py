@@ -783,11 +783,16 @@ def test_fire_vs_formula(causal, threshold):
     torch.testing.assert_close(got, ref, **TOL)
 
 
-def test_fire_pieces_equal_the_mlp():
+@pytest.mark.parametrize("rows_non_increasing", [False, True])
+def test_fire_pieces_equal_the_mlp(rows_non_increasing):
     """FIRE's MLP evaluated as a piecewise-linear function (``mlp_of_pairs``, the pairs past
     the threshold) equals the MLP itself: values, and gradients of the input and of every MLP
     parameter, at random inputs, exactly at the breaks, beyond the outermost ones, with a
-    unit of zero input weight (a constant) and with two units that break at one point."""
+    unit of zero input weight (a constant) and with two units that break at one point. Both
+    ways of finding the segments: entry by entry, and for rows that never increase (FIRE's
+    blocks past the threshold) a row at a time."""
+    from posenc.encodings.position_bias import _Pieces
+
     torch.manual_seed(0)
     sch = build("fire")
     perturb(sch.mlp.parameters(), scale=1.0)
@@ -801,6 +806,9 @@ def test_fire_pieces_equal_the_mlp():
     breaks = (-lin1.bias / lin1.weight[:, 0]).detach()
     breaks = breaks[torch.isfinite(breaks)]
     off = torch.cat([torch.randn(200) * 3, breaks.min()[None] - 5, breaks.max()[None] + 5]).view(2, -1)
+    if rows_non_increasing:
+        off = off.sort(dim=1, descending=True).values
+    pieces = lambda x: _Pieces.apply(x, *sch.pieces(), rows_non_increasing)  # noqa: E731
     # on a break a unit is at 0 either way (values agree) but which side's slope the gradient
     # takes is a choice, so gradients are compared off the breaks only
     with torch.no_grad():
@@ -808,7 +816,7 @@ def test_fire_pieces_equal_the_mlp():
                                    atol=1e-5, rtol=1e-5)
     upstream = torch.randn(H, *off.shape)
     results = []
-    for fn in (sch.mlp_of_pairs, lambda x: sch.mlp(x[..., None]).permute(2, 0, 1)):
+    for fn in (pieces, lambda x: sch.mlp(x[..., None]).permute(2, 0, 1)):
         x = off.clone().requires_grad_()
         y = fn(x)
         results.append((y, *torch.autograd.grad(y, [x, *sch.mlp.parameters()], upstream)))

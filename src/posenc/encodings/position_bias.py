@@ -313,17 +313,18 @@ class _Pieces(torch.autograd.Function):
     def segments(x: Tensor, order: Tensor, rows_non_increasing: bool) -> Tensor:
         """The segment of every entry of x, the number of ``order`` below it (int32). For x
         (n, m) whose rows never increase, one search per row and break point instead of one
-        per entry: J[i, k] entries of row i lie above order[k], so entry j lies above the
-        order[k] with J[i, k] > j, counted with a cumulative sum. The same integers as
+        per entry: J[i, k] entries of row i lie above order[k], so along the row the segment
+        starts at W and drops by one at each J[i, k], a cumulative sum. The same integers as
         ``searchsorted`` (test_pieces_segments_of_non_increasing_rows)."""
         if not rows_non_increasing or x.dim() != 2 or x.numel() == 0:
             return torch.searchsorted(order, x, out_int32=True)
         n, m = x.shape
         W = order.shape[0]
         J = torch.searchsorted(x.neg(), order.neg().expand(n, W).contiguous())  # (n, W)
-        ends = torch.zeros(n, m + 1, dtype=torch.int32, device=x.device)
-        ends.scatter_add_(1, J, torch.ones(n, W, dtype=torch.int32, device=x.device))
-        return torch.cumsum(ends[:, :m], 1, dtype=torch.int32).neg_().add_(W)
+        steps = torch.zeros(n, m + 1, dtype=torch.int32, device=x.device)
+        steps[:, 0] = W
+        steps.scatter_add_(1, J, torch.full((n, W), -1, dtype=torch.int32, device=x.device))
+        return torch.cumsum(steps[:, :m], 1, dtype=torch.int32)
 
     @staticmethod
     def forward(ctx, x, order, A, C, rows_non_increasing):
