@@ -201,7 +201,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         shared = None if rebuilt else mask  # the plan's mask of a scheme that several layers share
         if scheme.uses_value_term:
             y = value_term_attention(q, k, v, pos, scheme, causal, scale)
-        else:  # a position-only bias of this layer alone: a block at a time
+        else:  # the mask given (a shared or a content one), or a layer's own position bias a block at a time
             blocks = position_blocks(scheme, pos, causal, q.dtype) if mask is None else mask
             y = masked_attention(q, k, v, blocks, scale, causal)  # positions are contiguous on this route
         ctx.save_for_backward(q, k, v, pos, shared, y, *params)  # the backward rebuilds any other mask
