@@ -808,7 +808,8 @@ def test_fire_pieces_equal_the_mlp(rows_non_increasing):
     off = torch.cat([torch.randn(200) * 3, breaks.min()[None] - 5, breaks.max()[None] + 5]).view(2, -1)
     if rows_non_increasing:
         off = off.sort(dim=1, descending=True).values
-    pieces = lambda x: _Pieces.apply(x, *sch.pieces(), rows_non_increasing)  # noqa: E731
+    # entry by entry: the method FIRE's callers use; a row at a time: the blocks' route
+    pieces = (lambda x: _Pieces.apply(x, *sch.pieces(), True)) if rows_non_increasing else sch.mlp_of_pairs
     # on a break a unit is at 0 either way (values agree) but which side's slope the gradient
     # takes is a choice, so gradients are compared off the breaks only
     with torch.no_grad():
