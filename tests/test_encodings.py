@@ -825,6 +825,99 @@ def test_fire_pieces_equal_the_mlp(rows_non_increasing):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def fire_by_formula(sch, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
+    """FIRE's bias (H, Tq, Tk) as the paper writes it (eq. 4, the normaliser psi(max(L, i)),
+    max(L, i, j) past the query), autograd through every step: the reference of the kernel's
+    gradients."""
+    i, j = qp[:, None].to(sch.c.dtype), kp[None, :].to(sch.c.dtype)
+    c, L = sch.c.abs(), sch.threshold.abs()
+    norm = torch.where(j <= i, torch.maximum(L, i), torch.maximum(torch.maximum(L, i), j))
+    x = torch.sign(i - j) * torch.log1p(c * (i - j).abs()) / (torch.log1p(c * norm) + sch.eps)
+    return sch.mlp(x[..., None]).permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_kernel_equals_pytorch_version(causal, dtype):
+    """FIRE's compiled kernel (``_FireBlock``, ``native.py``) on blocks past the threshold
+    gives the values and gradients (of c, L and the MLP's parameters) of its PyTorch version
+    (``block_input`` and ``_Pieces``) and of the formula under autograd (``fire_by_formula``):
+    for c from 0.1 to 10, thresholds below the positions and inside them (where a row's
+    normaliser psi(L) ties a later key's psi(j), at j = L = 512), whole matrices and blocks."""
+    from contextlib import nullcontext
+
+    from posenc import native
+
+    if native.fire_block_ops() is None:
+        pytest.skip("FIRE's kernel could not be built here (see the warning)")
+    torch.manual_seed(0)
+    T = 300
+    for c, threshold, offset in [(0.1, 40.0, 0), (1.0, 512.0, 300), (10.0, 4.0, 7)]:
+        sch = build("fire", causal, init_c=c, init_threshold=threshold).to(dtype)
+        perturb(sch.mlp.parameters(), scale=0.5)
+        params = list(sch.parameters())
+        pos = torch.arange(T) + offset
+        reference = fire_by_formula(sch, pos, pos)
+        for rows, cols in [(slice(None), slice(None)), (slice(100, 228), slice(0, 228)), (slice(250, 300), slice(None))]:
+            upstream = torch.randn(1, H, *reference[:, rows, cols].shape[1:], dtype=dtype)
+            got = {}
+            for route, ctx in [("_FireBlockBackward", nullcontext()), ("_PiecesBackward", native.disabled())]:
+                with ctx:
+                    b = sch.absolute_block(sch.absolute_parts(pos, pos), pos, pos, rows, cols)
+                assert type(b.grad_fn.next_functions[0][0]).__name__ == route
+                got[route] = (b, *torch.autograd.grad(b, params, upstream))
+            ref = reference[None, :, rows, cols]
+            got["formula"] = (ref, *torch.autograd.grad(ref, params, upstream, retain_graph=True))
+            for other in ("_PiecesBackward", "formula"):
+                for name, a, e in zip(["value", *[n for n, _ in sch.named_parameters()]], got["_FireBlockBackward"],
+                                      got[other]):
+                    tol = (1e-4 if dtype == torch.float32 else 1e-10) * float(e.detach().abs().max())
+                    torch.testing.assert_close(a, e, atol=tol, rtol=0,
+                                               msg=lambda m, n=f"c={c}, L={threshold}, {rows}: {name} ({other})": f"{n}: {m}")
+
+
+def test_fire_kernel_finds_every_segment():
+    """The kernel's segment of every entry is the number of break points below it, as
+    ``searchsorted`` counts, for rows in any order (not only the never-increasing rows of
+    FIRE's blocks), entries exactly on a break, beyond the outermost ones, and a flat unit's
+    infinite break: with unrelated slopes and intercepts per segment, a wrong segment shows."""
+    from posenc import native
+
+    ops = native.fire_block_ops()
+    if ops is None:
+        pytest.skip("FIRE's kernel could not be built here (see the warning)")
+    torch.manual_seed(0)
+    dt = torch.float64
+    order = torch.sort(torch.cat([torch.randn(9, dtype=dt), torch.tensor([0.5, 0.5, float("inf")], dtype=dt)])).values
+    n, c, left = 7, 50, 3
+    vals = torch.randn(n + c - 1, dtype=dt) * 2
+    vals[::5] = order[torch.randint(0, 11, (vals[::5].shape[0],))]  # on a break
+    vals[10:40] = (order[3] + order[4]) / 2  # a run long enough to be scanned 8 keys at a time,
+    vals[25] = order[3]  # ending on the break below it
+    rn, cn = torch.ones(n, dtype=dt), torch.rand(c, dtype=dt)  # every normaliser 1: x is the numerator exactly
+    A, C = torch.randn(4, order.shape[0] + 1, dtype=dt), torch.randn(4, order.shape[0] + 1, dtype=dt)
+    x = toeplitz(vals, n, c).contiguous()
+    s = torch.searchsorted(order, x)
+    torch.testing.assert_close(ops.fire_block_forward(vals, rn, cn, order, A, C, left), A[:, s] * x + C[:, s],
+                               atol=1e-12, rtol=0)
+
+
+def test_fire_kernel_off_or_unbuildable_leaves_the_pytorch_version(tmp_path, monkeypatch):
+    """With ``POSENC_NATIVE=0``, or a kernel that does not compile, FIRE runs its PyTorch
+    version; a failed build says so in a warning and does not raise."""
+    from posenc import native
+
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.fire_block_ops() is None
+    sch, pos = build("fire", init_threshold=4.0), torch.arange(20)
+    b = sch.absolute_block(sch.absolute_parts(pos, pos), pos, pos, slice(None), slice(None))
+    assert type(b.grad_fn.next_functions[0][0]).__name__ == "_PiecesBackward"
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    with pytest.warns(UserWarning, match="runs its PyTorch version"):
+        assert native._build(broken, "posenc_broken_probe") is False
+
+
 def test_pieces_segments_of_non_increasing_rows():
     """``_Pieces.segments`` of rows that never increase (a search per row and break point)
     gives the integers ``searchsorted`` gives entry by entry: with ties, entries on a break,

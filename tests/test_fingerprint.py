@@ -14,7 +14,7 @@ import yaml
 
 from pipelines import fingerprint as fp_cli
 from pipelines.gather import check_provenance, per_scheme
-from posenc.fingerprint import STUDY_CORE, code_closure, code_digest, files_digest, scheme_fingerprint
+from posenc.fingerprint import STUDY_CORE, code_closure, code_digest, files_digest, scheme_fingerprint, sha256
 
 from .conftest import REPO
 
@@ -104,6 +104,30 @@ def test_a_scheme_closure_moves_with_its_own_code_only(tmp_path, monkeypatch):
     assert _closure(tmp_path, monkeypatch, "a2", "A", scale=3.0) != a0
     # its docstring changes: nothing that runs changed
     assert _closure(tmp_path, monkeypatch, "a3", "A", doc="Checked against nothing yet.") == a0
+
+
+def test_a_file_the_code_names_counts_by_content(tmp_path, monkeypatch):
+    """A ``Path`` of a file that a function names (FIRE's kernel source) is recorded by the
+    file's content: editing the file changes the closure, touching it does not."""
+    src = tmp_path / "kernel.cpp"
+    src.write_text("int f() { return 1; }\n")
+    module = tmp_path / "fp_probe_file.py"
+    module.write_text(f"from pathlib import Path\nSOURCE = Path({str(src)!r})\n\ndef build():\n    return SOURCE.read_text()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def closure():
+        sys.modules.pop("fp_probe_file", None)
+        return code_closure(importlib.import_module("fp_probe_file").build)
+
+    before = closure()
+    assert "fp_probe_file.SOURCE" in before
+    src.touch()
+    assert closure() == before
+    src.write_text("int f() { return 2; }\n")
+    assert closure() != before
+    sys.modules.pop("fp_probe_file", None)
+    from posenc import native
+    assert scheme_fingerprint("fire")["code"]["posenc.native.SOURCE"] == sha256(native.SOURCE.read_bytes())
 
 
 def test_every_scheme_has_a_fingerprint_of_its_own():

@@ -187,7 +187,8 @@ def code_closure(target: Any) -> dict[str, str]:
     functions of each, the globals a function's code names (and its defaults and
     closure), the members of a project module named as a global. A literal
     constant of a project module that the code names (an int, a string, a tuple of
-    them) is recorded by its value. Library and standard-library code is left out."""
+    them) is recorded by its value, a ``Path`` of a file by the file's content (FIRE's
+    compiled kernel, ``native.SOURCE``). Library and standard-library code is left out."""
     out: dict[str, str] = {}
     todo: list[Any] = [target]
     while todo:
@@ -221,6 +222,8 @@ def code_closure(target: Any) -> dict[str, str]:
             if name in obj.__globals__ and not name.startswith("__") and _is_literal(value) \
                     and not isinstance(value, (bool, type(None))):
                 out[f"{module}.{name}"] = sha256(repr(value))
+            elif isinstance(value, Path) and value.is_file():  # a file the code reads (a kernel's source)
+                out[f"{module}.{name}"] = sha256(value.read_bytes())
         for value in reached:
             if isinstance(value, types.ModuleType):
                 if is_project_module(value):

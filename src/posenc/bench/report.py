@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .. import native
 from .config import (
     CHEAP_BIASES,
     POSENC,
@@ -64,6 +65,7 @@ def environment(s: BenchSettings, xt_version: str | None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "dtype": "bf16 autocast" if s.device == "cuda" else "fp32",
+        "fire_block": native.describe() if "fire" in s.schemes and s.device == "cpu" else None,
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "command": " ".join([Path(sys.executable).name, "-m", "posenc.bench", *sys.argv[1:]]),
     }
@@ -276,7 +278,9 @@ def markdown(res: dict[str, Any]) -> str:
         "## Speed and memory of the schemes",
         "",
         f"`{meta['command']}` on {meta['device_name']} ({meta['cpu_count']} CPUs, {meta['torch_threads']} torch "
-        f"threads), torch {meta['torch']}, {meta['dtype']}, {meta['created']}. Model {_model_label(st)} "
+        f"threads), torch {meta['torch']}, {meta['dtype']}, {meta['created']}. "
+        + (f"FIRE's blocks past its threshold: {meta['fire_block']}. " if meta.get("fire_block") else "")
+        + f"Model {_model_label(st)} "
         f"(d_model {mc['d_model']}, {mc['n_layers']} layers, {mc['n_heads']} heads, d_ff {mc['d_ff']}, vocab "
         f"{st['vocab_size']}), causal LM, {st['tokens_per_batch']} tokens per batch (batch = tokens // T), "
         "AdamW. Rounds (warm-up) per length: "

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .. import native
 from .base import PositionalScheme, distance_range, is_contiguous, toeplitz
 
 
@@ -255,7 +256,8 @@ class FIRE(PositionalScheme):
         i - j alone: for consecutive positions the block is laid out by distance from the
         MLP's values on the distances (a Toeplitz matrix). Otherwise the MLP's input is the
         numerator over the larger normaliser, and the MLP is evaluated on every pair as the
-        piecewise-linear function it is (``pieces``)."""
+        piecewise-linear function it is (``pieces``): on CPU by the compiled kernel where it is
+        built (``_FireBlock``), otherwise by ``block_input`` and ``_Pieces``."""
         order, A, C, row_norm, col_norm, numer, below = parts
         qp, kp = q_pos[rows], k_pos[cols]
         n, m = qp.shape[0], kp.shape[0]
@@ -265,6 +267,11 @@ class FIRE(PositionalScheme):
             return _Pieces.apply(x, order, A, C, False)[None]
         if max(int(qp.max()), int(kp.max())) <= float(self.threshold.detach().abs()):
             return toeplitz(below[:, _window(q_pos, k_pos, qp, kp)], n, m)[None]
+        ops = native.fire_block_ops() if numer.device.type == "cpu" and numer.dtype in _NATIVE_DTYPES else None
+        if ops is not None:  # the same function in one pass, compiled (native.py)
+            vals = numer[_window(q_pos, k_pos, qp, kp)]
+            rn, cn = row_norm[rows].contiguous(), col_norm[cols].contiguous()
+            return _FireBlock.apply(ops, vals.contiguous(), rn, cn, order, A, C, _row_norm_keys(qp, kp))[None]
         return _Pieces.apply(self.block_input(parts, q_pos, k_pos, rows, cols), order, A, C, True)[None]
 
     def block_input(self, parts, q_pos: Tensor, k_pos: Tensor, rows: slice, cols: slice) -> Tensor:
@@ -283,7 +290,7 @@ class FIRE(PositionalScheme):
         row_norm, col_norm = row_norm[rows, None], col_norm[None, cols]
         num = toeplitz(numer[_window(q_pos, k_pos, qp, kp)], n, m)
         x = num * row_norm.reciprocal()  # a key at or before every query of the block: the row's normaliser
-        left = min(m, max(0, int(qp.min() - kp[0]) + 1))  # such keys: psi(j) <= psi(i) <= psi(max(i, L))
+        left = _row_norm_keys(qp, kp)
         if left < m:
             x[:, left:] = num[:, left:] / torch.maximum(row_norm, col_norm[:, left:])
         return x
@@ -292,6 +299,36 @@ class FIRE(PositionalScheme):
         """(1, H, Tq, Tk): ``absolute_block`` of every row and column."""
         every = slice(None)
         return self.absolute_block(self.absolute_parts(q_pos, k_pos), q_pos, k_pos, every, every)
+
+
+def _row_norm_keys(qp: Tensor, kp: Tensor) -> int:
+    """How many of a block's first keys kp sit at or before every query qp (consecutive
+    positions): for them psi(j) <= psi(i) <= psi(max(i, L)), so the row's normaliser is the larger."""
+    return min(kp.shape[0], max(0, int(qp.min() - kp[0]) + 1))
+
+
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+class _FireBlock(torch.autograd.Function):
+    """``_Pieces`` of ``FIRE.block_input`` in one pass over the block, forward and backward,
+    in the compiled kernel (``fire_block.cpp``; ``ops`` is ``native.fire_block_ops()``): from the
+    numerator on the block's distances ``vals``, the row and column normalisers ``rn`` and ``cn``,
+    the first ``left`` keys taking the row's, and the MLP's ``pieces``. Nothing of the block's
+    size is kept for the backward, which rebuilds the inputs a row at a time. Checked against
+    the PyTorch version, values and gradients, in test_fire_kernel_equals_pytorch_version."""
+
+    @staticmethod
+    def forward(ctx, ops, vals, rn, cn, order, A, C, left):
+        ctx.save_for_backward(vals, rn, cn, order, A, C)
+        ctx.ops, ctx.left = ops, left
+        return ops.fire_block_forward(vals, rn, cn, order, A, C, left)
+
+    @staticmethod
+    def backward(ctx, g):
+        vals, rn, cn, order, A, C = ctx.saved_tensors
+        d_vals, d_rn, d_cn, dA, dC = ctx.ops.fire_block_backward(g.contiguous(), vals, rn, cn, order, A, C, ctx.left)
+        return None, d_vals, d_rn, d_cn, None, dA, dC, None
 
 
 def _window(q_pos: Tensor, k_pos: Tensor, qp: Tensor, kp: Tensor) -> slice:
