@@ -902,6 +902,30 @@ def test_fire_kernel_finds_every_segment():
                                atol=1e-12, rtol=0)
 
 
+def test_fire_kernel_gradients_do_not_depend_on_threads():
+    """The kernel's backward sums groups of rows into parts of their own and adds the parts
+    in order, so one thread and two give the same bits (in float64, where the sums' own
+    rounding shows: in float32 the double sums mostly round to the same floats either way)."""
+    from posenc import native
+
+    if native.fire_block_ops() is None:
+        pytest.skip("FIRE's kernel could not be built here (see the warning)")
+    torch.manual_seed(0)
+    sch, pos = build("fire", init_threshold=4.0).double(), torch.arange(300)
+    perturb(sch.mlp.parameters(), scale=0.5)
+    upstream = torch.randn(1, H, 300, 300, dtype=torch.float64)
+    before = torch.get_num_threads()
+    grads = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            b = sch.absolute_block(sch.absolute_parts(pos, pos), pos, pos, slice(None), slice(None))
+            grads.append(torch.autograd.grad(b, list(sch.parameters()), upstream))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_fire_kernel_off_or_unbuildable_leaves_the_pytorch_version(tmp_path, monkeypatch):
     """With ``POSENC_NATIVE=0``, or a kernel that does not compile, FIRE runs its PyTorch
     version; a failed build says so in a warning and does not raise."""

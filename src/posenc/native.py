@@ -20,17 +20,24 @@ ENV = "POSENC_NATIVE"
 _state: dict[str, bool] = {}  # "built": whether the kernel loaded; "off": turned off in this process
 
 
+#: compiler flags, tried in turn: with OpenMP, torch's ``at::parallel_for`` uses torch's threads;
+#: a compiler without it (Apple's clang) still builds the kernel, on one thread
+FLAGS = (["-O3", "-fopenmp"], ["-O3"])
+
+
 def _build(source: Path, name: str) -> bool:
     from torch.utils.cpp_extension import load
 
-    try:
-        load(name, [str(source)], extra_cflags=["-O3", "-fopenmp-simd"], is_python_module=False,
-             verbose=False)
-    except Exception as e:  # noqa: BLE001 - any failure to build leaves the PyTorch version
-        warnings.warn(f"posenc: FIRE's C++ kernel could not be built, so FIRE runs its PyTorch version "
-                      f"(same values, slower): {type(e).__name__}: {str(e).strip()[-400:]}", stacklevel=3)
-        return False
-    return True
+    errors = []
+    for flags in FLAGS:
+        try:
+            load(name, [str(source)], extra_cflags=flags, extra_ldflags=flags[1:], is_python_module=False)
+            return True
+        except Exception as e:  # noqa: BLE001 - any failure to build leaves the PyTorch version
+            errors.append(f"{' '.join(flags)}: {type(e).__name__}: {str(e).strip()[-300:]}")
+    warnings.warn("posenc: FIRE's C++ kernel could not be built, so FIRE runs its PyTorch version (same values, "
+                  "slower). " + " | ".join(errors), stacklevel=3)
+    return False
 
 
 def fire_block_ops():

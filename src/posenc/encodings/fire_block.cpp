@@ -18,10 +18,12 @@
 
 #include <algorithm>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 namespace {
+
+// rows per group of the backward's sums
+constexpr int64_t kGroup = 16;
 
 struct Run {
   int64_t start, stop, seg;
@@ -114,19 +116,22 @@ std::vector<at::Tensor> fire_block_backward(const at::Tensor& g_in, const at::Te
                   g.scalar_type() == vals.scalar_type(),
               "the gradient must be (H, n, c), as the output");
   const int64_t V = n + c - 1;
-  // sums over rows, in double: per segment (slopes, intercepts), per distance, per key
-  std::vector<double> dA(H * S, 0.0), dC(H * S, 0.0), dvals(V, 0.0), dcn(c, 0.0);
+  // sums over rows, in double: per segment (slopes, intercepts), per distance, per key. Each group of
+  // kGroup rows sums into its own part and the parts are added in order afterwards, so the result does
+  // not depend on the number of threads or on which finishes first
+  const int64_t groups = (n + kGroup - 1) / kGroup, P = 2 * H * S + V + c;
+  std::vector<double> part(std::max<int64_t>(groups, 1) * P, 0.0);
   at::Tensor drn = at::empty({n}, vals.options());
-  std::mutex lock;
   AT_DISPATCH_FLOATING_TYPES(vals.scalar_type(), "fire_block_backward", [&] {
     const scalar_t *v = vals.data_ptr<scalar_t>(), *r = rn.data_ptr<scalar_t>(), *k = cn.data_ptr<scalar_t>(),
                    *o = order.data_ptr<scalar_t>(), *a = A.data_ptr<scalar_t>(), *gp = g.data_ptr<scalar_t>();
     scalar_t* drn_p = drn.data_ptr<scalar_t>();
-    at::parallel_for(0, n, 8, [&](int64_t i0, int64_t i1) {
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
       std::vector<scalar_t> x(c), den(c), gx(c);
       std::vector<Run> runs;
-      std::vector<double> lA(H * S, 0.0), lC(H * S, 0.0), lv(V, 0.0), lk(c, 0.0);
-      for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t i = g0 * kGroup; i < std::min(n, g1 * kGroup); ++i) {
+        double* lA = part.data() + (i / kGroup) * P;
+        double *lC = lA + H * S, *lv = lC + H * S, *lk = lv + V;
         row(v, r[i], k, i, n, c, left, o, W, x.data(), den.data(), runs);
         std::fill(gx.begin(), gx.end(), scalar_t(0));
         for (int64_t h = 0; h < H; ++h) {
@@ -146,7 +151,7 @@ _Pragma("omp simd reduction(+ : sg, sgx)")  // inside a macro's argument: no #pr
         }
         // x = num / den: d num = gx / den, d den = -gx x / den, to the larger normaliser (half each on a tie)
         double d_row = 0.0;
-        double* lv_i = lv.data() + (n - 1 - i);
+        double* lv_i = lv + (n - 1 - i);
         const int64_t split = std::min(std::max<int64_t>(left, 0), c);
         _Pragma("omp simd reduction(+ : d_row)")
         for (int64_t j = 0; j < split; ++j) {  // den = rn[i]
@@ -168,17 +173,17 @@ _Pragma("omp simd reduction(+ : sg, sgx)")  // inside a macro's argument: no #pr
         }
         drn_p[i] = static_cast<scalar_t>(d_row);
       }
-      std::lock_guard<std::mutex> guard(lock);
-      for (int64_t e = 0; e < H * S; ++e) dA[e] += lA[e], dC[e] += lC[e];
-      for (int64_t e = 0; e < V; ++e) dvals[e] += lv[e];
-      for (int64_t e = 0; e < c; ++e) dcn[e] += lk[e];
     });
   });
-  auto as_tensor = [&](const std::vector<double>& src, at::IntArrayRef shape) {
-    // a copy even in double: the vectors die here
-    return at::from_blob(const_cast<double*>(src.data()), shape, at::kDouble).to(vals.scalar_type(), false, true);
+  for (int64_t q = 1; q < groups; ++q) {
+    for (int64_t e = 0; e < P; ++e) part[e] += part[q * P + e];
+  }
+  auto as_tensor = [&](int64_t offset, at::IntArrayRef shape) {
+    // a copy even in double: the vector dies here
+    return at::from_blob(part.data() + offset, shape, at::kDouble).to(vals.scalar_type(), false, true);
   };
-  return {as_tensor(dvals, {V}), drn, as_tensor(dcn, {c}), as_tensor(dA, {H, S}), as_tensor(dC, {H, S})};
+  return {as_tensor(2 * H * S, {V}), drn, as_tensor(2 * H * S + V, {c}), as_tensor(0, {H, S}),
+          as_tensor(H * S, {H, S})};
 }
 
 }  // namespace
