@@ -283,16 +283,24 @@ def shaw_tables(sch, q_pos, k_pos):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("Tq,Tk", [(9, 9), (4, 9)])
-def test_shaw_vs_naive_gather(causal, Tq, Tk):
+@pytest.mark.parametrize("Tq,Tk,gapped", [(9, 9, False), (4, 9, False), (9, 9, True)])
+def test_shaw_vs_naive_gather(causal, Tq, Tk, gapped):
     sch = build("shaw", causal, max_relative_position=3)
     perturb(sch.parameters())
     q, k = qk(Tq=Tq, Tk=Tk)
-    k_pos = torch.arange(Tk) + 5
+    k_pos = torch.tensor([0, 1, 4, 5, 6, 9, 13, 14, 20]) if gapped else torch.arange(Tk) + 5
     q_pos = k_pos[Tk - Tq :]
     aK, aV = shaw_tables(sch, q_pos, k_pos)
     ref = torch.einsum("bhid,ijd->bhij", q, aK) / math.sqrt(DH)
     torch.testing.assert_close(sch.bias(q, k, q_pos, k_pos), ref, **TOL)
+    # gradients of q and the key table, for an upstream gradient at every pair (later keys too)
+    q_ = q.clone().requires_grad_()
+    upstream = torch.randn(ref.shape)
+    got = torch.autograd.grad(sch.bias(q_, k, q_pos, k_pos), [q_, sch.rel_key], upstream)
+    aK, _ = shaw_tables(sch, q_pos, k_pos)
+    want = torch.autograd.grad(torch.einsum("bhid,ijd->bhij", q_, aK) / math.sqrt(DH), [q_, sch.rel_key], upstream)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
     logits = torch.randn(2, H, Tq, Tk)
     if causal:  # what causal attention hands the value term: later keys at probability 0
         logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))

@@ -244,22 +244,22 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
 
     def content_bias(self, q, k, q_pos, k_pos):
         scores = q @ (self.rel_key.to(q.dtype).T * self.logit_scale())  # (B, H, Tq, 2k+1), scaled before the gather
-        idx = self.index(q_pos, k_pos)
-        return scores.gather(-1, idx.expand(*scores.shape[:-1], idx.shape[-1]))
+        return _ByClippedDistance.apply(scores, self, q_pos, k_pos)
 
     def value_term(self, probs, q_pos, k_pos):
-        return self.per_distance(probs, q_pos, k_pos) @ self.rel_value.to(probs.dtype)  # (B, H, Tq, Dh)
+        return self.per_distance(probs, q_pos, k_pos, self.causal) @ self.rel_value.to(probs.dtype)  # (B, H, Tq, Dh)
 
-    def per_distance(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The probability mass of each row on each clipped distance, (B, H, Tq, 2k+1).
+    def per_distance(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor, later_zero: bool = False) -> Tensor:
+        """The sums of each row of ``probs`` (..., Tq, Tk) over each clipped distance, (..., Tq, 2k+1):
+        the probability mass on each, or the gradient of the key scores from that of the logits.
 
         For consecutive positions, without a scatter of every pair: the 2k - 1
         unclipped distances are single entries (one gather of Tq x (2k - 1)); the
-        mass at j - i >= k is the row sum of an upper triangle (none in causal
-        attention, where the mask gives every later key probability 0), and the
-        mass at j - i <= -k the rest of the row. Otherwise a scatter of every pair. The
-        same sums in another order (checked against the naive gather in
-        test_shaw_vs_naive_gather)."""
+        sum at j - i >= k is the row sum of an upper triangle over the keys where one
+        can start (none with ``later_zero``: causal attention's probabilities, which the
+        mask makes 0 at every later key), and the sum at j - i <= -k the rest of the
+        row. Otherwise a scatter of every pair. The same sums in another order
+        (checked against the naive gather in test_shaw_vs_naive_gather)."""
         k = self.max_relative_position
         Tq, Tk = probs.shape[-2:]
         if not (is_contiguous(q_pos) and is_contiguous(k_pos)) or Tq == 0 or Tk == 0:
@@ -272,15 +272,37 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
         col = torch.arange(Tq, device=probs.device)[:, None] + shift + torch.arange(1 - k, k, device=probs.device)
         inside = ((col >= 0) & (col < Tk)).to(probs.dtype)
         middle = probs.gather(-1, col.clamp(0, Tk - 1).expand(*probs.shape[:-1], 2 * k - 1)) * inside
-        if self.causal:  # causal attention gives later keys probability 0: no mass at j - i >= k >= 1
+        first = min(Tk, max(0, k + shift))  # the first key at distance k or more from some row
+        if later_zero or first == Tk:
             right = torch.zeros_like(total)
         else:
-            right = probs.triu(k + shift).sum(-1, keepdim=True)
+            right = probs[..., first:].triu(k + shift - first).sum(-1, keepdim=True)
         left = total - middle.sum(-1, keepdim=True) - right
         return torch.cat([left, middle, right], -1)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", max_relative_position={self.max_relative_position}"
+
+
+class _ByClippedDistance(torch.autograd.Function):
+    """Shaw's key scores (..., Tq, 2k+1) laid out by clipped distance, (..., Tq, Tk): a gather
+    forward; backward, each score's gradient is the sum of the logits' gradients over the
+    pairs at its distance, ``per_distance`` (a gather of the 2k - 1 unclipped distances and
+    row sums for consecutive positions), not the scatter of every pair that autograd's
+    gather backward is. Checked against autograd through the gather in
+    test_shaw_vs_naive_gather."""
+
+    @staticmethod
+    def forward(ctx, scores, scheme, q_pos, k_pos):
+        ctx.scheme = scheme
+        ctx.save_for_backward(q_pos, k_pos)
+        idx = scheme.index(q_pos, k_pos)
+        return scores.gather(-1, idx.expand(*scores.shape[:-1], idx.shape[-1]))
+
+    @staticmethod
+    def backward(ctx, g):
+        q_pos, k_pos = ctx.saved_tensors
+        return ctx.scheme.per_distance(g, q_pos, k_pos), None, None, None
 
 
 class SkewRelative(_ContentBiasTerms, PositionalScheme):
