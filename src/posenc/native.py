@@ -1,6 +1,6 @@
 """posenc's one hand-written CPU kernel, FIRE's bias on a block past its threshold
 (``encodings/fire_block.cpp``), compiled on first use with torch's C++ extension builder
-(a C++ compiler and ninja; about 20 s once, then cached by torch under
+(a C++ compiler and ninja; about 10 s on a 2-core machine, once, then cached by torch under
 ``TORCH_EXTENSIONS_DIR``, ``~/.cache/torch_extensions`` by default). Where it cannot be
 built, or with ``POSENC_NATIVE=0`` in the environment, FIRE runs its PyTorch version: the
 same values (the tests compare the two), slower."""

@@ -214,10 +214,11 @@ class Shaw(_ContentBiasTerms, PositionalScheme):
     has its own (``shared_across_layers = False``).
 
     Computed without a (T, T, D) tensor: key part q @ (w^K)^T, (B, H, Tq, 2k+1),
-    gathered by clipped distance; value part sums the probabilities of each
-    clipped distance (scatter_add) and multiplies by w^V. Checked against the
-    naive O(T^2·D) gather of a^K_ij and a^V_ij, both parts, in
-    test_shaw_vs_naive_gather.
+    gathered by clipped distance (its gradient summed per distance,
+    ``_ByClippedDistance``); value part sums the probabilities of each clipped
+    distance (``per_distance``) and multiplies by w^V. Checked against the naive
+    O(T^2·D) gather of a^K_ij and a^V_ij, both parts, and the key part's gradients,
+    in test_shaw_vs_naive_gather.
 
     Args:
         max_relative_position: the clipping distance k (16 in the paper's
