@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from posenc import native
 from posenc.attention import RECOMPUTED, diagonal_sums
 from posenc.encodings import (
     TERM_NAMES,
@@ -844,9 +845,19 @@ def fire_by_formula(sch, qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
     return sch.mlp(x[..., None]).permute(2, 0, 1)
 
 
+@pytest.fixture
+def fire_ops():
+    """``torch.ops.posenc`` with FIRE's kernel; the test is skipped where it cannot be built
+    (a failure under ``POSENC_NO_SKIPS``, as in CI)."""
+    ops = native.fire_block_ops()
+    if ops is None:
+        pytest.skip("FIRE's kernel could not be built here (see the warning)")
+    return ops
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_fire_kernel_equals_pytorch_version(causal, dtype):
+def test_fire_kernel_equals_pytorch_version(causal, dtype, fire_ops):
     """FIRE's compiled kernel (``_FireBlock``, ``native.py``) on blocks past the threshold
     gives the values and gradients (of c, L and the MLP's parameters) of its PyTorch version
     (``block_input`` and ``_Pieces``) and of the formula under autograd (``fire_by_formula``):
@@ -854,10 +865,6 @@ def test_fire_kernel_equals_pytorch_version(causal, dtype):
     normaliser psi(L) ties a later key's psi(j), at j = L = 512), whole matrices and blocks."""
     from contextlib import nullcontext
 
-    from posenc import native
-
-    if native.fire_block_ops() is None:
-        pytest.skip("FIRE's kernel could not be built here (see the warning)")
     torch.manual_seed(0)
     T = 300
     for c, threshold, offset in [(0.1, 40.0, 0), (1.0, 512.0, 300), (10.0, 4.0, 7)]:
@@ -884,16 +891,11 @@ def test_fire_kernel_equals_pytorch_version(causal, dtype):
                                                msg=lambda m, n=f"c={c}, L={threshold}, {rows}: {name} ({other})": f"{n}: {m}")
 
 
-def test_fire_kernel_finds_every_segment():
+def test_fire_kernel_finds_every_segment(fire_ops):
     """The kernel's segment of every entry is the number of break points below it, as
     ``searchsorted`` counts, for rows in any order (not only the never-increasing rows of
     FIRE's blocks), entries exactly on a break, beyond the outermost ones, and a flat unit's
     infinite break: with unrelated slopes and intercepts per segment, a wrong segment shows."""
-    from posenc import native
-
-    ops = native.fire_block_ops()
-    if ops is None:
-        pytest.skip("FIRE's kernel could not be built here (see the warning)")
     torch.manual_seed(0)
     dt = torch.float64
     order = torch.sort(torch.cat([torch.randn(9, dtype=dt), torch.tensor([0.5, 0.5, float("inf")], dtype=dt)])).values
@@ -906,18 +908,14 @@ def test_fire_kernel_finds_every_segment():
     A, C = torch.randn(4, order.shape[0] + 1, dtype=dt), torch.randn(4, order.shape[0] + 1, dtype=dt)
     x = toeplitz(vals, n, c).contiguous()
     s = torch.searchsorted(order, x)
-    torch.testing.assert_close(ops.fire_block_forward(vals, rn, cn, order, A, C, left), A[:, s] * x + C[:, s],
+    torch.testing.assert_close(fire_ops.fire_block_forward(vals, rn, cn, order, A, C, left), A[:, s] * x + C[:, s],
                                atol=1e-12, rtol=0)
 
 
-def test_fire_kernel_gradients_do_not_depend_on_threads():
+def test_fire_kernel_gradients_do_not_depend_on_threads(fire_ops):
     """The kernel's backward sums groups of rows into parts of their own and adds the parts
     in order, so one thread and two give the same bits (in float64, where the sums' own
     rounding shows: in float32 the double sums mostly round to the same floats either way)."""
-    from posenc import native
-
-    if native.fire_block_ops() is None:
-        pytest.skip("FIRE's kernel could not be built here (see the warning)")
     torch.manual_seed(0)
     sch, pos = build("fire", init_threshold=4.0).double(), torch.arange(300)
     perturb(sch.mlp.parameters(), scale=0.5)
@@ -937,8 +935,6 @@ def test_fire_kernel_gradients_do_not_depend_on_threads():
 def test_fire_kernel_off_or_unbuildable_leaves_the_pytorch_version(tmp_path, monkeypatch):
     """With ``POSENC_NATIVE=0``, or a kernel that does not compile, FIRE runs its PyTorch
     version; a failed build says so in a warning and does not raise."""
-    from posenc import native
-
     monkeypatch.setenv(native.ENV, "0")
     assert native.fire_block_ops() is None
     sch, pos = build("fire", init_threshold=4.0), torch.arange(20)
