@@ -44,23 +44,36 @@ def uniform_causal(T: int) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def attention_probabilities(model, idx: torch.Tensor) -> list[torch.Tensor]:
+def attention_probabilities(model, idx: torch.Tensor, last: int | None = None) -> list[torch.Tensor]:
     """Every layer's attention probabilities (B, H, T, T) of a posenc Transformer in
-    eval mode, from the reference path; the layers' outputs are the model's own."""
+    eval mode, from the reference path; the layers' outputs are the model's own. With
+    ``last``, the rows of the last ``last`` queries alone, (B, H, last, T)."""
     T = idx.shape[1]
     pos = torch.arange(T, device=idx.device)
+    q_pos = pos[T - (last or T) :]
     word, posn = model.embed(idx, pos)
     x = word if posn is None else word + posn
     out = []
     for block in model.blocks:
         attn = block.attn
         q, k, _ = attn.project(block.ln1(x))
-        logits = attn.logits(q, k, pos, pos)
+        logits = attn.logits(q[:, :, T - len(q_pos) :], k, q_pos, pos)
         if attn.causal:
-            logits = logits + causal_mask(pos, pos, logits.dtype)
+            logits = logits + causal_mask(q_pos, pos, logits.dtype)
         out.append(logits.softmax(-1))
         x = block(x, pos)
     return out
+
+
+@torch.no_grad()
+def needle_attention(model, idx: torch.Tensor, start: int, width: int, rows: int) -> float:
+    """How much the top layer looks at a needle: the probability mass the last ``rows``
+    query rows (a retrieval window's answer) put on positions ``start`` .. ``start +
+    width - 1`` (its key and value), averaged over those rows and the windows ``idx``
+    (B, T), for the head that puts the most there. 1: that head reads the needle alone;
+    under uniform attention it is about width / T."""
+    top = attention_probabilities(model, idx, last=rows)[-1]  # (B, H, rows, T)
+    return float(top[..., start : start + width].sum(-1).mean((0, 2)).max())
 
 
 @torch.no_grad()

@@ -1,15 +1,25 @@
 """Retrieval beyond perplexity: the tables and figures of the exact-match grids
-(``posenc.retrieval``) and of how far each scheme attends (``analysis.reach``).
+(``posenc.retrieval``), of how fast each scheme learns the task, and of how far each
+scheme attends (``analysis.reach``).
 
-* ``by_length``: per scheme and length, exact match and per-digit accuracy as the
-  mean over depths (and seeds) of the cells, with the mean of the cells' 95%
-  Wilson bounds as its interval. Cells are not pooled by their trial counts:
-  a cell near 50% scores more trials (``evaluate_grid``), and pooling would
-  weight the depths unequally. The mean of the bounds is conservative: it is at
-  least as wide as an interval for the mean of independent cells needs.
+Every retrieval run is trained to a criterion (exact match at L on its validation
+windows, ``criterion`` in the run config) or to a step cap, whichever comes first, and
+then scored on the grid. A grid measures length generalisation only when the run does
+the task at L, so the summaries use the runs that reached the criterion; a scheme none
+of whose runs reached it is shown over all its runs and marked.
+
+* ``per_run``: per run and length, exact match as the mean over depths (every cell
+  scores the same number of trials, so this is also the pooled share), the successes
+  and trials pooled over depths, per-digit accuracy, the top layer's attention to the
+  needle, and whether the run reached the criterion and at which step.
+* ``summary``: per scheme and length, the mean and sample sd over seeds of the runs
+  used, the per-seed values, the Wilson interval of their pooled trials (the
+  secondary, within-run interval), and a Welch test across seeds against one scheme
+  (``analysis.stats``); per scheme, the steps each seed took to the criterion.
 * ``plot_grid``: the familiar needle picture, a length x depth heatmap per scheme.
 * ``plot_curves``: exact match against length beside the perplexity ratio
   ppl(T) / ppl(L) of the same schemes' causal-LM runs.
+* ``plot_steps``: the steps each run took to the criterion.
 * ``plot_reach``: mean attention distance and entropy against length.
 """
 
@@ -22,6 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from posenc.retrieval import wilson
+
+from .stats import format_p, mean_sd, welch
 from .style import order, styles
 
 
@@ -34,32 +47,141 @@ def read_csvs(files: Sequence[str | Path]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def by_length(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (scheme, multiple): exact match, its interval and per-digit accuracy (see the module doc)."""
-    g = df.groupby(["scheme", "length", "multiple"], as_index=False).agg(
-        exact_match=("exact_match", "mean"), exact_lo=("exact_lo", "mean"), exact_hi=("exact_hi", "mean"),
-        digit_acc=("digit_acc", "mean"), trials=("trials", "sum"), seeds=("seed", "nunique"))
-    return g.sort_values(["scheme", "length"], ignore_index=True)
+#: the columns of ``run_records``
+RUN_COLUMNS = ("scheme", "seed", "steps", "criterion_step")
+
+
+def run_records(studies: Sequence[dict]) -> pd.DataFrame:
+    """The retrieval runs of the study stages' results (``results/runs/<scheme>.json``,
+    read): scheme, seed, the steps trained and the step the criterion was reached at
+    (NaN when the cap came first)."""
+    rows = [{"scheme": r["scheme"], "seed": int(r["seed"]), "steps": int(r["global_step"]),
+             "criterion_step": r.get("criterion_step", math.nan)}
+            for study in studies for r in study["runs"] if r["task"] == "retrieval"]
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def base_scheme(name: str) -> str:
+    """The scheme a grid row's run was trained as: ``rope`` for ``rope+yarn`` (a rule
+    switched on) and for ``rope+pi+ft4L`` (fine-tuned from that scheme's run)."""
+    return name.split("+")[0]
+
+
+def per_run(grids: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (scheme, seed, length): see the module doc. Lengths a model cannot represent
+    (no trials) are left out. A rule's rows and a fine-tuned run's take the criterion of
+    the run they come from."""
+    g = grids[grids["trials"] > 0].assign(k=lambda d: d["exact_match"] * d["trials"])
+    out = g.groupby(["scheme", "seed", "length", "multiple"], as_index=False).agg(
+        exact_match=("exact_match", "mean"), k=("k", "sum"), n=("trials", "sum"), digit_acc=("digit_acc", "mean"),
+        needle_attention=("needle_attention", "mean"))
+    out["k"] = out["k"].round().astype(int)
+    out["base"] = out["scheme"].map(base_scheme)
+    runs = runs.rename(columns={"scheme": "base"})[["base", "seed", "steps", "criterion_step"]]
+    out = out.merge(runs, on=["base", "seed"], how="left", validate="many_to_one")
+    if out["steps"].isna().any():
+        missing = sorted(set(out.loc[out["steps"].isna(), "scheme"]))
+        raise ValueError(f"grid rows without the record of their retrieval run: {', '.join(missing)}")
+    out["reached"] = out["criterion_step"].notna()
+    return out.drop(columns="base").sort_values(["scheme", "seed", "length"], ignore_index=True)
+
+
+def used(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows a summary uses: per scheme, those of the runs that reached the
+    criterion, or all of them (to be marked) when none did."""
+    any_reached = runs.groupby("scheme")["reached"].transform("any")
+    return runs[runs["reached"] | ~any_reached]
+
+
+def summary(runs: pd.DataFrame, against: str | None = "none") -> dict:
+    """Per scheme (see the module doc): ``seeds``, ``reached`` (the seeds that reached the
+    criterion), ``marked`` (none did: the numbers are over all seeds), ``steps`` (per seed,
+    None when the cap came first), ``cap`` and ``lengths`` {multiple: mean, sd, n, values,
+    lo, hi (pooled Wilson), digit_acc, needle_attention, vs (Welch against ``against``)}."""
+    out = {}
+    chosen = used(runs)
+    for scheme in order(runs["scheme"].unique()):
+        mine = runs[runs["scheme"] == scheme]
+        first = mine.drop_duplicates("seed").sort_values("seed")
+        steps = {int(r.seed): (None if math.isnan(r.criterion_step) else int(r.criterion_step))
+                 for r in first.itertuples()}
+        lengths = {}
+        for m, g in chosen[chosen["scheme"] == scheme].groupby("multiple"):
+            g = g.sort_values("seed")
+            values = [float(v) for v in g["exact_match"]]
+            mean, sd = mean_sd(values)
+            lo, hi = wilson(int(g["k"].sum()), int(g["n"].sum()))
+            lengths[int(m)] = {"length": int(g["length"].iloc[0]), "mean": mean, "sd": sd, "n": len(values),
+                               "values": values, "lo": lo, "hi": hi, "digit_acc": float(g["digit_acc"].mean()),
+                               "needle_attention": float(g["needle_attention"].mean())}
+        out[scheme] = {"seeds": sorted(steps), "reached": sorted(s for s, v in steps.items() if v is not None),
+                       "marked": all(v is None for v in steps.values()), "steps": steps,
+                       "cap": int(first["steps"].max()), "lengths": lengths}
+    if against in out:
+        for scheme, e in out.items():
+            for m, cell in e["lengths"].items():
+                other = out[against]["lengths"].get(m)
+                if scheme != against and other:
+                    cell["vs"] = {"against": against, **welch(cell["values"], other["values"])}
+    return out
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}"
 
 
-def table_markdown(df: pd.DataFrame) -> str:
-    """Exact match (%) by length with its interval, then per-digit accuracy at L and 16L."""
-    t = by_length(df)
-    mults = sorted(t["multiple"].unique())
-    names = order(t["scheme"].unique())
-    head = ["scheme", *[f"{m}L" if m > 1 else "L" for m in mults], "digits at L", f"digits at {mults[-1]}L", "seeds"]
+def _seeds(e: dict) -> str:
+    n, k = len(e["seeds"]), len(e["reached"])
+    return f"{k} of {n}" if k else f"0 of {n} (marked)"
+
+
+def table_markdown(t: dict) -> str:
+    """Exact match (%) by length: mean ± sd over the seeds used, then the pooled trials'
+    interval, the digits at L and at the longest length, the seeds that reached the
+    criterion, and the longest length against ``summary``'s reference scheme."""
+    mults = sorted({m for e in t.values() for m in e["lengths"]})
+    top = mults[-1]
+    label = lambda m: f"{m}L" if m > 1 else "L"  # noqa: E731
+    against = next((c["vs"]["against"] for e in t.values() for c in e["lengths"].values() if "vs" in c), None)
+    head = ["scheme", *[label(m) for m in mults], f"trials' 95% interval at L, {label(top)}", "digits at L",
+            f"digits at {label(top)}", "seeds reached"]
+    if against:
+        head += [f"{label(top)} − `{against}` (95% CI)", "Welch p"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for s in names:
-        rows = t[t["scheme"] == s].set_index("multiple")
-        cells = [("n/a" if m not in rows.index else
-                  f"{_pct(rows.at[m, 'exact_match'])} [{_pct(rows.at[m, 'exact_lo'])}, {_pct(rows.at[m, 'exact_hi'])}]")
+    for s, e in t.items():
+        cells = [("n/a" if m not in e["lengths"] else f"{_pct(e['lengths'][m]['mean'])} ± {_pct(e['lengths'][m]['sd'])}")
                  for m in mults]
-        digits = [("n/a" if m not in rows.index else _pct(rows.at[m, "digit_acc"])) for m in (mults[0], mults[-1])]
-        lines.append(f"| `{s}` | " + " | ".join(cells + digits) + f" | {int(rows['seeds'].max())} |")
+        ends = [e["lengths"].get(1), e["lengths"].get(top)]
+        interval = ", ".join("n/a" if c is None else f"[{_pct(c['lo'])}, {_pct(c['hi'])}]" for c in ends)
+        digits = ["n/a" if c is None else _pct(c["digit_acc"]) for c in ends]
+        name = f"`{s}`" + (" †" if e["marked"] else "")
+        row = [name, *cells, interval, *digits, _seeds(e)]
+        if against:
+            w = (ends[1] or {}).get("vs")
+            ci = "" if not w or not w.get("ci") else f" ({100 * w['ci'][0]:+.0f}, {100 * w['ci'][1]:+.0f})"
+            row += ["—", "—"] if not w else [f"{100 * w['diff']:+.0f}{ci}", format_p(w["p"])]
+        lines.append("| " + " | ".join(row) + " |")
+    if any(e["marked"] for e in t.values()):
+        lines += ["", "† no run of this scheme reached the criterion by the cap: its numbers are over every run, "
+                  "and they mix learning speed with length."]
+    return "\n".join(lines) + "\n"
+
+
+def steps_markdown(t: dict, criterion: str) -> str:
+    """Steps to the criterion per scheme, fastest first: each seed's (or "cap" when the
+    cap came first), and the mean ± sd over the seeds that reached it."""
+    base = {s: e for s, e in t.items() if "+" not in s}  # a rule or a fine-tune shares its run's steps
+    key = lambda s: (not base[s]["reached"], mean_sd([base[s]["steps"][x] for x in base[s]["reached"]])[0]  # noqa: E731
+                     if base[s]["reached"] else 0)
+    lines = [f"Steps to the criterion ({criterion}), validated every so many steps; \"cap\": not reached by the cap.",
+             "", "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached |",
+             "| --- | --- | ---: | ---: |"]
+    for s in sorted(base, key=key):
+        e = base[s]
+        per = ", ".join(f"s{seed}: " + (str(v) if v is not None else f"cap ({e['cap']})") for seed, v in e["steps"].items())
+        got = [e["steps"][x] for x in e["reached"]]
+        ms = "—" if not got else "{:.0f} ± {:.0f}".format(*mean_sd(got))
+        lines.append(f"| `{s}` | {per} | {ms} | {len(got)} of {len(e['steps'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -80,8 +202,10 @@ def _heat(ax, cells: pd.DataFrame, mults: list[int], depths: list[float], title:
     return im
 
 
-def plot_grid(df: pd.DataFrame, stem: str | Path) -> list[Path]:
-    """One panel per scheme: needle depth (rows) x evaluation length (columns), exact match in %."""
+def plot_grid(df: pd.DataFrame, stem: str | Path, marked: Sequence[str] = ()) -> list[Path]:
+    """One panel per scheme: needle depth (rows) x evaluation length (columns), exact match in %,
+    the mean over the seeds in ``df`` (the runs ``used``); ``marked`` schemes' titles say that
+    none of their runs reached the criterion."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -97,7 +221,7 @@ def plot_grid(df: pd.DataFrame, stem: str | Path) -> list[Path]:
     cmap = sns.color_palette("rocket", as_cmap=True)
     im = None
     for ax, s in zip(axes.flat, names):
-        im = _heat(ax, df[df["scheme"] == s], mults, depths, s, cmap)
+        im = _heat(ax, df[df["scheme"] == s], mults, depths, f"{s} † (not reached)" if s in marked else s, cmap)
     for ax in axes.flat[len(names):]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
@@ -106,7 +230,9 @@ def plot_grid(df: pd.DataFrame, stem: str | Path) -> list[Path]:
         ax.set_xlabel("evaluation length", fontsize=8)
     L = int(df["train_len"].iloc[0])
     fig.colorbar(im, ax=axes, shrink=0.6, label="exact match (%)")
-    fig.suptitle(f"Passkey retrieval: exact match by needle depth and length (trained at L = {L})", fontsize=11)
+    seeds = int(df["seed"].nunique())
+    fig.suptitle(f"Passkey retrieval: exact match by needle depth and length (trained at L = {L} to the criterion; "
+                 f"mean over up to {seeds} seed{'s' if seeds > 1 else ''})", fontsize=11)
     return save_figure(fig, stem, bbox_inches="tight")
 
 
@@ -197,28 +323,28 @@ def _line(ax, x, y, style, rank: int, reference: bool, lo=None, hi=None) -> None
         ax.fill_between(x, lo, hi, color=kws["color"], alpha=0.1 if reference else 0.15, linewidth=0, zorder=1)
 
 
-def plot_curves(df: pd.DataFrame, extrapolation: pd.DataFrame, stem: str | Path) -> list[Path]:
+def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[Path]:
     """Small multiples by family (``_family_figure``): top, exact match against length
-    (mean over depths, band: the mean of the cells' 95% Wilson bounds, ``by_length``);
-    bottom, ppl(T) / ppl(L) of the same schemes' causal-LM runs (per seed, then the
-    mean over seeds), so a scheme flat in perplexity but blind far back shows as a
+    (``summary``: the mean over seeds of the runs used, band from the lowest to the
+    highest seed); bottom, ppl(T) / ppl(L) of the same schemes' causal-LM runs (per seed,
+    then the mean over seeds), so a scheme flat in perplexity but blind far back shows as a
     flat lower curve under a falling upper one."""
     from posenc.files import save_figure
 
-    t = by_length(df)
     ex = extrapolation[extrapolation["method"] == "nonoverlapping"].dropna(subset=["ppl"]).copy()
     at_l = ex[ex["eval_len"] == ex["train_len"]].set_index(["scheme", "seed"])["ppl"]
     ex["ratio"] = ex["ppl"] / [at_l.get((s, seed), np.nan) for s, seed in zip(ex["scheme"], ex["seed"])]
     ratio = ex.groupby(["scheme", "eval_len"], as_index=False)["ratio"].mean()
-    names = order(set(t["scheme"]) | set(ratio["scheme"]))
-    L = int((t["length"] // t["multiple"]).min())
-    lengths = sorted(set(int(x) for x in t["length"]) | set(int(x) for x in ratio["eval_len"]))
+    names = order(set(t) | set(ratio["scheme"]))
+    cells = [c for e in t.values() for c in e["lengths"].values()]
+    L = min(c["length"] // m for e in t.values() for m, c in e["lengths"].items())
+    lengths = sorted({c["length"] for c in cells} | {int(x) for x in ratio["eval_len"]})
 
     def exact(ax, s, style, rank, reference):
-        c = t[t["scheme"] == s]
-        if len(c):
-            _line(ax, c["length"], 100 * c["exact_match"], style, rank, reference, 100 * c["exact_lo"],
-                  100 * c["exact_hi"])
+        c = sorted(t.get(s, {"lengths": {}})["lengths"].values(), key=lambda c: c["length"])
+        if c:
+            _line(ax, [x["length"] for x in c], [100 * x["mean"] for x in c], style, rank, reference,
+                  [100 * min(x["values"]) for x in c], [100 * max(x["values"]) for x in c])
 
     def ppl(ax, s, style, rank, reference):
         r = ratio[ratio["scheme"] == s]
@@ -230,15 +356,48 @@ def plot_curves(df: pd.DataFrame, extrapolation: pd.DataFrame, stem: str | Path)
 
     rows = [{"ylabel": "passkeys retrieved exactly (%)", "draw": exact, "finish": lambda ax: ax.set_ylim(-3, 103)},
             {"ylabel": "ppl(T) / ppl(L) (log scale)", "draw": ppl, "finish": ppl_axis, "log": True}]
-    seeds = int(df["seed"].nunique())
-    notes = [f"top: one retrieval run per scheme ({seeds} seed{'s' if seeds > 1 else ''}), mean over needle depths, "
-             "band: mean of the cells' 95% intervals; bottom: the causal-LM runs, mean over seeds",
+    seeds = max(len(e["seeds"]) for e in t.values())
+    notes = [f"top: retrieval runs trained to the criterion ({seeds} seed{'s' if seeds > 1 else ''} a scheme), mean "
+             "over needle depths and seeds, band: lowest to highest seed; bottom: the causal-LM runs, mean over seeds",
              "grey dotted: none (NoPE), the reference in every panel; dashed: a context-extension rule of RoPE"]
-    missing = sorted(set(ratio["scheme"]) - set(t["scheme"]))
+    marked = [s for s, e in t.items() if e["marked"]]
+    if marked:
+        notes.append(f"no run reached the criterion (drawn over every run): {', '.join(marked)}")
+    missing = sorted(set(ratio["scheme"]) - set(t))
     if missing:
         notes.append(f"no retrieval run: {', '.join(missing)}")
-    fig = _family_figure(names, rows, lengths, L, "Flat perplexity is not retrieval: passkeys retrieved exactly "
-                         "(top) and the perplexity ratio (bottom) against length, by family", notes)
+    fig = _family_figure(names, rows, lengths, L, "Passkeys retrieved exactly (top) and the perplexity ratio "
+                         "(bottom) against length, by family", notes)
+    return save_figure(fig, stem, bbox_inches="tight")
+
+
+def plot_steps(t: dict, stem: str | Path, criterion: str) -> list[Path]:
+    """Steps to the criterion, a row per scheme (fastest first): each seed a dot, a run
+    that reached the cap first a cross at the cap."""
+    import matplotlib.pyplot as plt
+
+    from posenc.files import save_figure
+
+    base = {s: e for s, e in t.items() if "+" not in s}
+    names = sorted(base, key=lambda s: np.mean([v if v is not None else base[s]["cap"]
+                                                for v in base[s]["steps"].values()]))
+    st = styles(names)
+    cap = max(e["cap"] for e in base.values())
+    fig, ax = plt.subplots(figsize=(6.4, 0.32 * len(names) + 1.3), layout="constrained")
+    for y, s in enumerate(names):
+        got = [v for v in base[s]["steps"].values() if v is not None]
+        missed = sum(v is None for v in base[s]["steps"].values())
+        color = st[s].line_kws()["color"]
+        ax.scatter(got, [y] * len(got), s=30, color=color, edgecolor="white", linewidth=0.6, zorder=3)
+        if missed:
+            ax.scatter([base[s]["cap"]] * missed, [y] * missed, s=40, marker="x", color=color, zorder=3)
+    ax.axvline(cap, color="0.4", ls="--", lw=1)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, cap * 1.04)
+    ax.set_xlabel("training steps to the criterion (x: not reached by the cap, dashed)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(f"How fast each scheme learns to retrieve: steps to {criterion}", fontsize=10)
     return save_figure(fig, stem, bbox_inches="tight")
 
 

@@ -7,8 +7,9 @@ The study scores its retrieval runs cell by cell on its pool of workers
 (``score_cells`` per (length, depth), then ``finish_grid``; ``pipelines.study``);
 this CLI scores any run folder the same way in one process (``grid_job``). The
 trials are the same for every scheme and seed (``--trial-seed``, the validation
-split's filler); each cell scores trials until its 95% interval is at most
-+-``--half-width`` (``posenc.retrieval.evaluate_grid``). The rows go to
+split's filler); each cell scores ``--trials`` of them (``posenc.retrieval.evaluate_grid``),
+and on the first ``--attention-trials`` it measures how much the top layer looks at the
+needle (``analysis.reach.needle_attention``, column ``needle_attention``). The rows go to
 ``retrieval[-<rule>].csv`` in the run folder, and the run's MLflow run gets the
 metrics ``retrieval/exact_match`` and ``retrieval/digit_acc`` at step = length
 (mean over depths; ``..._<rule>`` with a rule) and the rows as an artifact.
@@ -47,14 +48,28 @@ def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, ex
                 base_len: int | None = None, extra: dict | None = None) -> list[dict]:
     """Grid rows of a trained run on the given (length, depth) cells (with a
     context-extension rule switched on past L); ``extra`` replaces row labels (a
-    fine-tuned run's scheme and extension)."""
+    fine-tuned run's scheme and extension). ``settings``: ``trial_seed``, ``trials``
+    and ``attention_trials``."""
+    import math
+
+    import torch
+
+    from analysis.reach import needle_attention
     from posenc import retrieval as rt
 
     model, task, labels = _loaded(str(run_dir), extension, base_len)
+    filler, seed = task.filler("validation"), settings["trial_seed"]
     rows = []
     for length, depth in cells:
-        rows += rt.evaluate_grid(model, task.filler("validation"), task.sym, [length], [depth], digits=task.digits,
-                                 seed=settings["trial_seed"], half_width=settings["half_width"])
+        (row,) = rt.evaluate_grid(model, filler, task.sym, [length], [depth], digits=task.digits, seed=seed,
+                                  trials=settings["trials"])
+        row["needle_attention"] = math.nan
+        if row["trials"] and settings["attention_trials"]:
+            idx = torch.stack([rt.trial(filler, task.sym, length, depth, task.digits, seed, i)[0]
+                               for i in range(settings["attention_trials"])])
+            start = round(depth * rt.Layout(length, 1, task.digits).filler)  # the needle's key
+            row["needle_attention"] = needle_attention(model, idx, start, 1 + task.digits, task.digits)
+        rows.append(row)
     L = labels["train_len"]
     return [{**labels, **(extra or {}), "multiple": r["length"] // L, **r} for r in rows]
 
@@ -99,17 +114,34 @@ def grid_job(out_dir: str, cfg, multipliers: list[int], extensions: list[str], s
     return rows
 
 
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The grid's settings, the same for this CLI and the study's stages."""
+    p.add_argument("--trial-seed", type=int, default=0, help="seed of the evaluation trials (the same for every scheme)")
+    p.add_argument("--trials", type=int, default=40, help="trials a (length, depth) cell scores")
+    p.add_argument("--attention-trials", type=int, default=8,
+                   help="trials of a cell on which the top layer's attention to the needle is measured (0: none)")
+
+
+def check_grid_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.trials < 1:
+        p.error(f"--trials {a.trials}: a cell needs at least one trial")
+    if not 0 <= a.attention_trials <= a.trials:
+        p.error(f"--attention-trials {a.attention_trials}: between 0 and --trials ({a.trials})")
+
+
+def grid_settings(a: argparse.Namespace) -> dict:
+    return {"trial_seed": a.trial_seed, "trials": a.trials, "attention_trials": a.attention_trials}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.retrieval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a retrieval run folder (python train.py task=retrieval ...)")
     p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--extensions", nargs="*", default=[], help="zero-shot context-extension rules (rope: pi ntk yarn)")
-    p.add_argument("--trial-seed", type=int, default=0, help="seed of the evaluation trials (the same for every scheme)")
-    p.add_argument("--half-width", type=float, default=0.05, help="largest half-width of a cell's 95%% interval")
+    add_grid_arguments(p)
     a = p.parse_args(argv)
-    if not 0 < a.half_width < 0.5:
-        p.error("--half-width must be between 0 and 0.5")
+    check_grid_arguments(p, a)
     from omegaconf import OmegaConf
 
     from posenc.runs import load_state, resolve_checkpoint, stored_run
@@ -119,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.task.objective != "retrieval":
         p.error(f"{a.run} is a task={cfg.task.name} run, not a retrieval one")
     rows = grid_job(str(res.path.parent.parent), cfg, a.multipliers, a.extensions,
-                    {"trial_seed": a.trial_seed, "half_width": a.half_width})
+                    grid_settings(a))
     for r in rows:
         print(f"{r['scheme']:>16} {r['length']:>6} depth {r['depth']:.2f}: exact match {100 * r['exact_match']:5.1f}% "
-              f"[{100 * r['exact_lo']:.1f}, {100 * r['exact_hi']:.1f}] over {r['trials']}, digits {100 * r['digit_acc']:.1f}%")
+              f"[{100 * r['exact_lo']:.1f}, {100 * r['exact_hi']:.1f}] over {r['trials']}, digits {100 * r['digit_acc']:.1f}%, "
+              f"top layer on the needle {100 * r['needle_attention']:.0f}%")
     return 0
 
 

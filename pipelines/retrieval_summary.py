@@ -1,12 +1,15 @@
-"""The retrieval summary: every scheme's exact-match grid and how far it attends,
-gathered into figures, tables and tidy files (``analysis.retrieval``).
+"""The retrieval summary: every scheme's exact-match grid, how fast it learned the task
+and how far it attends, gathered into figures, tables and tidy files (``analysis.retrieval``).
 
-    python -m pipelines.retrieval_summary results/retrieval/*.csv --reach results/reach/*.csv \
-        --extrapolation results/extrapolation/*.csv --params params.yaml --out-dir figures/retrieval \
-        --tidy results/retrieval.csv --reach-tidy results/reach.csv --md-dir figures
+    python -m pipelines.retrieval_summary results/retrieval/*.csv --runs results/runs/*.json \
+        --reach results/reach/*.csv --extrapolation results/extrapolation/*.csv --params params.yaml \
+        --out-dir figures/retrieval --md-dir figures --json results/retrieval_table.json \
+        --tidy results/retrieval.csv --reach-tidy results/reach.csv
 
-Writes ``<out-dir>/grid``, ``curves`` and ``reach`` (.png and .svg),
-``<md-dir>/retrieval_table.md`` and ``reach_table.md``, and the tidy CSVs.
+Writes ``<out-dir>/grid``, ``curves``, ``steps`` and ``reach`` (.png and .svg),
+``<md-dir>/retrieval_table.md``, ``retrieval_steps.md`` and ``reach_table.md``, the
+summary (``--json``: per scheme and length the seeds' values, their mean, sd and the
+Welch test against ``--against``; per scheme the steps to the criterion) and the tidy CSVs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posenc.files import write_text
+import json
+from pathlib import Path
+
+from posenc.files import write_json, write_text
 
 from .gather import per_scheme, study_schemes
 
@@ -23,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.retrieval_summary", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+", help="results/retrieval/<scheme>.csv files of the study stages")
+    p.add_argument("--runs", nargs="+", required=True,
+                   help="results/runs/<scheme>.json files: the criterion step of every retrieval run")
+    p.add_argument("--criterion", type=float, default=0.9,
+                   help="the exact match at L the retrieval runs were trained to (figure and table labels)")
+    p.add_argument("--against", default="none", help="the scheme every other is tested against at the longest length")
+    p.add_argument("--json", required=True, help="the summary as JSON")
     p.add_argument("--reach", nargs="+", required=True, help="results/reach/<scheme>.csv files")
     p.add_argument("--extrapolation", nargs="+", required=True, help="results/extrapolation/<scheme>.csv files")
     p.add_argument("--params", help="the study's params file: its schemes only, missing ones reported")
@@ -35,22 +47,31 @@ def main(argv: list[str] | None = None) -> int:
 
     schemes = study_schemes(a.params) if a.params else None
     every = retrieval.read_csvs(list(per_scheme(a.results, schemes, "retrieval results").values()))
-    grids = every[every["trials"] > 0]  # not the lengths a model cannot represent (a learned table past L)
+    studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
+    runs = retrieval.per_run(every, retrieval.run_records(studies))
+    t = retrieval.summary(runs, a.against)
+    chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
+    grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
     reach_rows = retrieval.read_csvs(list(per_scheme(a.reach, schemes, "attention reach").values()))
     extrapolation = retrieval.read_csvs(list(per_scheme(
         [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
-    written = retrieval.plot_grid(grids, f"{a.out_dir}/grid")
-    written += retrieval.plot_curves(grids, extrapolation, f"{a.out_dir}/curves")
+    written = retrieval.plot_grid(grids, f"{a.out_dir}/grid", [s for s, e in t.items() if e["marked"]])
+    written += retrieval.plot_curves(t, extrapolation, f"{a.out_dir}/curves")
+    criterion = f"exact match at L above {100 * a.criterion:g}%"
+    written += retrieval.plot_steps(t, f"{a.out_dir}/steps", criterion)
     summary = reach.summary(reach_rows.to_dict("records"))
     written += retrieval.plot_reach(summary, f"{a.out_dir}/reach")
-    table, reach_table = retrieval.table_markdown(grids), retrieval.reach_markdown(summary)
-    written += [write_text(f"{a.md_dir}/retrieval_table.md", table),
-                write_text(f"{a.md_dir}/reach_table.md", reach_table)]
+    table, steps = retrieval.table_markdown(t), retrieval.steps_markdown(t, criterion)
+    reach_table = retrieval.reach_markdown(summary)
+    written += [write_text(f"{a.md_dir}/retrieval_table.md", table), write_text(f"{a.md_dir}/retrieval_steps.md", steps),
+                write_text(f"{a.md_dir}/reach_table.md", reach_table),
+                write_json(a.json, {"criterion": a.criterion, "against": a.against, "schemes": t})]
     written += [write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
                     index=False, lineterminator="\n")),
                 write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
                     index=False, lineterminator="\n"))]
     print(table)
+    print(steps)
     print(reach_table)
     print("\n".join(map(str, written)))
     return 0

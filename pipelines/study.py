@@ -36,7 +36,8 @@ versions of the study (the runs are not DVC outputs: they are not committed,
 and the committed results must not depend on them being present). The results
 file records, per run, the final validation (and test) metrics and the seconds
 spent training and evaluating, and for the stage its start-up and wall time;
-the extrapolation rows of all seeds go to one file. It also records what the
+the extrapolation rows of all seeds go to one file. It also records the machine
+(``posenc.machine``: the CPU and which matrix-multiply kernels it ran) and what the
 runs were made with (``provenance``): the digests of the shared code
 (``posenc.fingerprint.STUDY_CORE``), of the scheme (its fingerprint) and of the
 study's settings (``--common``, ``--lm``, ``--mlm``, seeds, lengths and the
@@ -58,6 +59,8 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+
+from pipelines.retrieval import add_grid_arguments, check_grid_arguments, grid_settings
 
 T0 = time.time()
 
@@ -101,6 +104,7 @@ def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) ->
         f"data.seq_len={mult * L}", f"model.max_len={mult * L}", f"data.batch_size={max(1, B // mult)}",
         f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", f"optim.lr={cfg.optim.lr / 10}",
         f"optim.warmup_steps={max(1, steps // 10)}", f"run_name={cfg.encoding.name}+{rule}+ft{mult}L-{cfg.run_name}",
+        "criterion.metric=null",  # a fixed budget: the run it starts from was trained to the criterion
     ]  # fmt: skip
 
 
@@ -149,7 +153,8 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
         t = time.perf_counter()
         rows += ev.evaluate_checkpoint(tuned_dir, ev.Settings(extra=label | {"train_len": L}, **common))[0]
         eval_s += time.perf_counter() - t
-    keep = ("val/loss", "val/ppl", "val/acc", "test/loss", "test/ppl", "test/acc", "global_step")
+    keep = ("val/loss", "val/ppl", "val/acc", "val/exact", "test/loss", "test/ppl", "test/acc", "test/exact",
+            "global_step", "criterion_step")
     return {"scheme": scheme, "task": task, "seed": seed, "run_dir": out_dir,
             **{k: metrics[k] for k in keep if k in metrics},
             "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows,
@@ -180,8 +185,7 @@ def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
     settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
                 "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
     if "retrieval" in a.tasks:  # added only with the task: the digests of the other studies stay as they were
-        settings["retrieval"] = {"overrides": shlex.split(a.retrieval), "seeds": a.retrieval_seeds,
-                                 "trial_seed": a.trial_seed, "half_width": a.half_width}
+        settings["retrieval"] = {"overrides": shlex.split(a.retrieval), "seeds": a.retrieval_seeds, **a.grid}
     return {"core": files_digest(), "scheme": scheme_fingerprint(a.scheme)["digest"],
             "settings": json_digest(settings)}
 
@@ -212,9 +216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retrieval-results", help="results file (.csv) of the retrieval grids")
     p.add_argument("--retrieval-extensions", nargs="*", default=[],
                    help="zero-shot rules of --extensions that the retrieval grid is scored with too (yarn)")
-    p.add_argument("--trial-seed", type=int, default=0, help="seed of the retrieval trials (the same for every scheme)")
-    p.add_argument("--half-width", type=float, default=0.05,
-                   help="largest half-width of a retrieval cell's 95%% interval")
+    add_grid_arguments(p)
     a = p.parse_args(argv)
     # a list may come as one string ("pi yarn", or "" for none: DVC passes it quoted, since an
     # empty value would leave two spaces in the command, which its lock file does not keep)
@@ -226,8 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--extrapolation is required when the causal-LM task is run")
     if "retrieval" in a.tasks and not a.retrieval_results:
         p.error("--retrieval-results is required when the retrieval task is run")
-    if not 0 < a.half_width < 0.5:
-        p.error("--half-width must be between 0 and 0.5")
+    check_grid_arguments(p, a)
+    a.grid = grid_settings(a)
     a.retrieval_seeds = a.retrieval_seeds or a.seeds
     for spec in a.extensions:
         try:
@@ -240,7 +242,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     jobs = []
-    a.grid = {"trial_seed": a.trial_seed, "half_width": a.half_width}
     retrieval_rules = [e for e in a.extensions if e in a.retrieval_extensions]
     # the longest jobs first: retrieval (training and its grid), then causal LM (it also evaluates)
     for task in sorted(a.tasks, key=["retrieval", "lm", "mlm"].index):
@@ -335,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         "eval_s": round(sum(r["eval_s"] for r in done), 2),
         "wall_s": round(time.time() - T0, 2),
     }
-    write_json(a.results, {"scheme": a.scheme, "provenance": provenance(a, done), "timing": timing, "runs": done})
+    from posenc.machine import machine
+
+    write_json(a.results, {"scheme": a.scheme, "provenance": provenance(a, done), "machine": machine(), "timing": timing,
+                           "runs": done})
     print(f"{a.scheme}: {n} runs in {timing['wall_s']:.0f} s (start-up {timing['startup_s']:.0f} s)")
     return 0
 

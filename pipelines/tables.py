@@ -28,10 +28,7 @@ README):
   (training plus evaluation, summed over the processes: core-seconds), its wall time, start-up, training and
   evaluation seconds (worker-seconds: with 2 workers, twice the wall time at most).
 
-Welch's t-test (unequal variances): t = (m_a - m_b) / sqrt(s_a²/n_a + s_b²/n_b),
-degrees of freedom by Welch-Satterthwaite, two-sided p-value and a 95%
-confidence interval of the difference m_a - m_b. Checked against
-``scipy.stats.ttest_ind(equal_var=False)`` in ``tests/test_tables.py``.
+The statistics (mean and sample sd, Welch's t-test) are ``analysis.stats``.
 """
 
 from __future__ import annotations
@@ -45,33 +42,9 @@ from pathlib import Path
 
 from posenc.files import write_json, write_text
 
+from analysis.stats import format_p, mean_sd, welch
+
 from .gather import check_provenance, per_scheme, study_schemes
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    n = len(values)
-    m = sum(values) / n
-    return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
-
-
-def welch(a: list[float], b: list[float], level: float = 0.95) -> dict:
-    """Welch's t-test of mean(a) - mean(b): t, df, two-sided p and the confidence interval."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return {"diff": mean_sd(a)[0] - mean_sd(b)[0], "t": None, "df": None, "p": None, "ci": None,
-                "note": "needs at least 2 seeds on each side"}
-    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-    va, vb = sa**2 / len(a), sb**2 / len(b)
-    diff, se = ma - mb, math.sqrt(va + vb)
-    if se == 0:
-        return {"diff": diff, "t": None, "df": None, "p": None, "ci": [diff, diff], "note": "no spread"}
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    t = diff / se
-    p = 2 * stats.t.sf(abs(t), df)
-    half = stats.t.ppf(0.5 + level / 2, df) * se
-    return {"diff": diff, "t": t, "df": df, "p": float(p), "ci": [diff - half, diff + half]}
 
 
 # ------------------------------------------------------------------ length extrapolation
@@ -147,7 +120,7 @@ def lm_markdown(table: dict, question: str | None = None) -> str:
         if compared:
             w = e.get("vs_question")
             ci = "" if not w or not w.get("ci") else f" ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f})"
-            row += " — | — |" if not w else f" {w['diff']:+.2f}{ci} | {_p(w['p'])} |"
+            row += " — | — |" if not w else f" {w['diff']:+.2f}{ci} | {format_p(w['p'])} |"
         lines.append(row)
     return "\n".join(lines) + "\n"
 
@@ -186,10 +159,6 @@ def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], ba
             "question": question, "tests": tests, "summary": summary}
 
 
-def _p(p: float | None) -> str:
-    return "—" if p is None else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
-
-
 def mlm_markdown(t: dict) -> str:
     base = t["baseline"]
     lines = [f"| scheme | accuracy | masked-token perplexity | seeds | accuracy − `{base}` (95% CI) | Welch p |",
@@ -199,7 +168,7 @@ def mlm_markdown(t: dict) -> str:
         ci = "" if not w or not w.get("ci") else f" ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f})"
         vs = "—" if not w else f"{100 * w['diff']:+.1f} pt{ci}"
         lines.append(f"| `{s}` | {100 * e['acc_mean']:.1f}% ± {100 * e['acc_sd']:.1f} | {e['ppl_mean']:.2f} ± "
-                     f"{e['ppl_sd']:.2f} | {e['n']} | {vs} | {_p(w['p']) if w else '—'} |")
+                     f"{e['ppl_sd']:.2f} | {e['n']} | {vs} | {format_p(w['p']) if w else '—'} |")
     if t["tests"]:
         q = t["question"]
         lines += ["", f"Does `{q}` help? Accuracy of `{q}` minus that of each scheme (Welch t-test, two-sided):", "",
@@ -209,7 +178,7 @@ def mlm_markdown(t: dict) -> str:
             name = f"`{other}`" + (" (best other scheme)" if w.get("best") else "")
             tt = "—" if w["t"] is None else f"{w['t']:+.2f}"
             df = "—" if w["df"] is None else f"{w['df']:.1f}"
-            lines.append(f"| {name} | {100 * w['diff']:+.1f} pt {ci} | {tt} | {df} | {_p(w['p'])} |")
+            lines.append(f"| {name} | {100 * w['diff']:+.1f} pt {ci} | {tt} | {df} | {format_p(w['p'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,8 @@ REDUCED = {
     "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
            "overrides": ""},
     "mlm": {"seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
-    "retrieval": {"steps": 20, "batch_size": 8, "seeds": "0", "extensions": "", "overrides": ""},
+    "retrieval": {"criterion": 0.9, "cap": 20, "validate_every": 10, "batch_size": 8, "seeds": "0", "trials": 4,
+                  "attention_trials": 2, "against": "none", "extensions": "", "overrides": ""},
     "schemes": {"none": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
                 "alibi": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
                 "xpos": {"tasks": "lm retrieval", "overrides": "", "extensions": ""}},
@@ -121,7 +122,8 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
               "results/extrapolation.csv", "results/mlm_table.json", "results/lm_table.json", "results/timing.json",
               "results/correlations.json", "results/pretrained_minilm.json", "figures/bench/bench.json",
               "figures/bench/bench.png", "figures/retrieval/grid.png", "figures/retrieval/curves.png",
-              "figures/retrieval/reach.png", "figures/retrieval_table.md", "figures/reach_table.md"]:
+              "figures/retrieval/reach.png", "figures/retrieval/steps.png", "figures/retrieval_table.md",
+              "figures/retrieval_steps.md", "results/retrieval_table.json", "figures/reach_table.md"]:
         assert (tmp_path / f).stat().st_size > 0, f
     # retrieval: one run per scheme, 3 lengths x 5 depths each; reach: every causal-LM run,
     # 3 lengths x 2 layers x 2 heads
@@ -179,7 +181,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     html = _dvc(tmp_path, "plots", "show", "--out", "dvc_plots")
     assert html.returncode == 0, html.stderr[-2000:]
     page = (tmp_path / "dvc_plots" / "index.html").read_text()
-    assert "<script" not in page and page.count("<img") == 6, page[:2000]
+    assert "<script" not in page and page.count("<img") == 7, page[:2000]
     assert "dvc_plots/" in (REPO / ".gitignore").read_text().splitlines()
 
     _check_adding_a_scheme(tmp_path, tmp_path.parent / f"{tmp_path.name}-clone")
@@ -223,7 +225,9 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "results/timing.json", "results/mlflow_study.json", "figures/retrieval/grid.png",
                    "figures/retrieval/grid.svg", "figures/retrieval/curves.png", "figures/retrieval/curves.svg",
                    "figures/retrieval/reach.png", "figures/retrieval/reach.svg", "figures/retrieval_table.md",
-                   "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv"}
+                   "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv",
+                   "figures/retrieval/steps.png", "figures/retrieval/steps.svg", "figures/retrieval_steps.md",
+                   "results/retrieval_table.json"} | {f"results/times/{s}.json" for s in ROUTE_STAGES}
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -260,7 +264,8 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     assert modified <= SUMMARY_OUTPUTS | {f for f in before if f.startswith(("figures/bench/", "results/metrics/"))}
     for f, data in before.items():  # every per-scheme file of the other schemes, byte for byte
         if f.startswith(("results/runs/", "results/extrapolation/", "results/correlations/", "results/fingerprints/",
-                         "results/metrics/", "results/retrieval/", "results/reach/", "figures/correlations/")) \
+                         "results/metrics/", "results/retrieval/", "results/reach/", "figures/correlations/",
+                         "results/times/study@", "results/times/heatmaps@")) \
                 and "/overview." not in f:
             assert (clone / f).read_bytes() == data, f
     # the new scheme is in both tables, both figures' data and the heatmaps

@@ -8,6 +8,7 @@ interval is checked against scipy's."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -171,8 +172,8 @@ def test_a_model_that_copies_the_needle_scores_100_percent_everywhere():
     assert len(rows) == 15
     for r in rows:
         assert r["exact_match"] == 1.0 and r["digit_acc"] == 1.0
-        assert r["trials"] == 40  # an interval at 100% is narrow after the first trials
-        assert r["exact_hi"] == 1.0 and 1 - r["exact_lo"] <= 0.1
+        assert r["trials"] == 40  # the default count
+        assert (r["exact_lo"], r["exact_hi"]) == pytest.approx(rt.wilson(40, 40))
 
 
 def test_a_model_that_guesses_scores_chance():
@@ -196,13 +197,22 @@ class HalfCopier(Copier):
         return out
 
 
-def test_a_cell_near_half_scores_trials_until_its_interval_is_narrow():
-    cap = rt.trials_for(0.05)
-    (r,) = rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], digits=5, seed=0)
-    assert 0.3 < r["exact_match"] < 0.7
-    assert r["trials"] > 40
-    assert (r["exact_hi"] - r["exact_lo"]) / 2 <= 0.05 or r["trials"] == cap
-    assert r["trials"] <= cap
+def test_a_cell_scores_its_trials_and_their_interval():
+    """A cell scores exactly ``trials`` trials, the first ones of the fixed sequence, in
+    batches of any size, and its interval is the Wilson interval of what they scored."""
+    (r,) = rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], digits=5, seed=0, trials=60)
+    assert r["trials"] == 60 and 0.3 < r["exact_match"] < 0.7
+    right = sum(rt.trial(FILLER, SYM, 24, 0.5, 5, 0, i)[0][-5].item() in SYM.keys[:4] for i in range(60))
+    assert r["exact_match"] == right / 60  # the half copier is right exactly when the key is one of four
+    assert (r["exact_lo"], r["exact_hi"]) == pytest.approx(rt.wilson(right, 60))
+    (small,) = rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], digits=5, seed=0, trials=60,
+                                batch_tokens=24 * 7)
+    assert small == r
+    (first,) = rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], digits=5, seed=0, trials=20)
+    assert first["exact_match"] == sum(rt.trial(FILLER, SYM, 24, 0.5, 5, 0, i)[0][-5].item() in SYM.keys[:4]
+                                       for i in range(20)) / 20
+    with pytest.raises(ValueError, match="at least one trial"):
+        rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], trials=0)
 
 
 def test_lengths_a_model_cannot_represent_are_not_applicable():
@@ -222,15 +232,6 @@ def test_wilson_interval_against_scipy(k, n):
     ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     lo, hi = rt.wilson(k, n)
     assert lo == pytest.approx(ref.low, abs=1e-6) and hi == pytest.approx(ref.high, abs=1e-6)
-
-
-@pytest.mark.parametrize("half", [0.05, 0.1, 0.02])
-def test_trials_for_bounds_the_interval_at_any_proportion(half):
-    n = rt.trials_for(half)
-    widest = max((rt.wilson(k, n)[1] - rt.wilson(k, n)[0]) / 2 for k in range(n + 1))
-    assert widest <= half + 1e-9
-    fewer = max((rt.wilson(k, n - 1)[1] - rt.wilson(k, n - 1)[0]) / 2 for k in range(n))
-    assert fewer > half
 
 
 def test_a_retrieval_run_trains_is_scored_and_logs_its_grid(make_cfg, tmp_path):
@@ -256,7 +257,8 @@ def test_a_retrieval_run_trains_is_scored_and_logs_its_grid(make_cfg, tmp_path):
     assert 0 <= metrics["val/acc"] <= 1 and metrics["global_step"] == 30
     assert grid_cli.main([str(run), "--multipliers", "1", "2"]) == 0
     rows = pd.read_csv(run / "retrieval.csv")
-    assert len(rows) == 10 and set(rows["length"]) == {32, 64} and (rows["trials"] >= 40).all()
+    assert len(rows) == 10 and set(rows["length"]) == {32, 64} and (rows["trials"] == 40).all()
+    assert rows["needle_attention"].between(0, 1).all()
     run_id = rows["run_id"].iloc[0]
     client = mlflow.MlflowClient(cfg.logger.tracking_uri)
     hist = client.get_metric_history(run_id, "retrieval/exact_match")
@@ -287,7 +289,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
                      str(tmp_path / "runs"), "--results", str(tmp_path / "r.json"), "--multipliers", "1", "2",
                      "--extensions", "yarn", "ntk", "pi@2x2", "--retrieval-extensions", "yarn", "pi@2x2",
                      "--common", common, "--retrieval", "data.seq_len=16 model.max_len=64",
-                     "--retrieval-results", str(out), "--half-width", "0.2"])
+                     "--retrieval-results", str(out), "--trials", "10", "--attention-trials", "2"])
     assert rc == 0
     rows = pd.read_csv(out, keep_default_na=False)
     assert list(rows.groupby("scheme", sort=False).size().items()) == [
@@ -298,7 +300,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
         assert list(g["multiple"]) == [1] * 5 + [2] * 5
     runs = tmp_path / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["retrieval-pi-ft2L-s0", "retrieval-s0"]
-    settings = {"trial_seed": 0, "half_width": 0.2}
+    settings = {"trial_seed": 0, "trials": 10, "attention_trials": 2}
     cells = [(L, d) for L in (16, 32) for d in rt.DEPTHS]
     whole = {"rope": score_cells(str(runs / "retrieval-s0"), cells, settings),
              "rope+yarn": score_cells(str(runs / "retrieval-s0"), cells, settings, "yarn"),
@@ -309,6 +311,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
         assert list(got["trials"]) == [r["trials"] for r in expected]
         assert list(got["exact_match"]) == pytest.approx([r["exact_match"] for r in expected])
         assert list(got["digit_acc"]) == pytest.approx([r["digit_acc"] for r in expected])
+        assert list(got["needle_attention"]) == pytest.approx([r["needle_attention"] for r in expected])
     beside = pd.read_csv(runs / "retrieval-s0" / "retrieval-yarn.csv")
     assert len(beside) == 10 and set(beside["scheme"]) == {"rope+yarn"}
     assert len(pd.read_csv(runs / "retrieval-pi-ft2L-s0" / "retrieval.csv")) == 10
@@ -327,53 +330,124 @@ def test_a_window_that_cannot_be_built_is_refused_before_anything_is_written(mak
     check_config(make_cfg("task=retrieval", "data.seq_len=13"))  # 1 needle of 5 digits, its query and 1 filler token
 
 
-def test_the_retrieval_summary_tables_hold_the_means_over_depths_and_name_every_scheme(tmp_path):
-    """pipelines.retrieval_summary on hand-made files: the table's exact match at a length
-    is the mean over depths of the cells, its interval the mean of their bounds, a length
-    a scheme cannot represent is n/a, a scheme with a header alone (no retrieval runs)
-    is left out of the retrieval table, and the reach table gives the mean over heads,
-    layers and seeds beside uniform attention."""
-    from analysis.reach import COLUMNS, uniform_causal
-    from pipelines import retrieval_summary
+def _summary_inputs(tmp_path):
+    """Hand-made study files for the retrieval summary: grids (40 trials a cell), run
+    records with criterion steps, attention reach and extrapolation rows.
 
-    def grid(scheme, score):  # score(multiple, depth) -> exact match
-        return [{"scheme": scheme, "extension": "", "seed": 0, "train_len": 8, "run_id": "r", "multiple": m,
+    - none: 3 seeds, all reached the criterion; exact match 0.5 at L at every depth, and
+      at 2L 0.2 + 0.1 * seed at every depth but depth 1 (+0.1 there);
+    - alibi: seeds 0 and 1 reached it (at 900 and 1100 steps), seed 2 did not (the cap,
+      4000): 1.0 at L, at 2L 0.9 and 0.7; seed 2 scores 0.3 and 0.1 and is left out;
+    - learned: no seed reached it: 0.6, 0.5, 0.4 at L, no 2L (a table of L rows);
+    - xpos: no retrieval run (a header alone)."""
+    from analysis.reach import COLUMNS, uniform_causal
+
+    def grid(scheme, seed, score):  # score(multiple, depth) -> exact match, or None: not applicable
+        return [{"scheme": scheme, "extension": "", "seed": seed, "train_len": 8, "run_id": f"r{seed}", "multiple": m,
                  "length": 8 * m, "depth": d, "trials": 40 if score(m, d) is not None else 0,
                  "exact_match": score(m, d) if score(m, d) is not None else math.nan, "exact_lo": 0.1,
-                 "exact_hi": 0.9, "digit_acc": 0.5, "note": ""} for m in (1, 2) for d in rt.DEPTHS]
+                 "exact_hi": 0.9, "digit_acc": 0.5 + 0.1 * seed, "needle_attention": 0.25 * m,
+                 "note": ""} for m in (1, 2) for d in rt.DEPTHS]
 
-    files = {"none": grid("none", lambda m, d: 0.5 * d), "learned": grid("learned", lambda m, d: 1.0 if m == 1 else None),
-             "xpos": []}
-    res, reach_files, ex_files = [], [], []
-    for scheme, rows in files.items():
-        res.append(rt.write_rows(rows, tmp_path / "ret" / f"{scheme}.csv"))
+    grids = {
+        "none": [r for s in (0, 1, 2) for r in grid("none", s, lambda m, d, s=s: 0.5 if m == 1 else
+                                                     0.2 + 0.1 * s + 0.1 * (d == 1.0))],
+        "alibi": [r for s, (at1, at2) in enumerate([(1.0, 0.9), (1.0, 0.7), (0.3, 0.1)])
+                  for r in grid("alibi", s, lambda m, d, a=at1, b=at2: a if m == 1 else b)],
+        "learned": [r for s in (0, 1, 2) for r in grid("learned", s, lambda m, d, s=s: 0.6 - 0.1 * s if m == 1 else None)],
+        "xpos": [],
+    }
+    steps = {"none": [2600, 2400, 2800], "alibi": [900, 1100, None], "learned": [None, None, None], "xpos": []}
+    files = {k: [] for k in ("res", "runs", "reach", "ex")}
+    for scheme, rows in grids.items():
+        files["res"].append(rt.write_rows(rows, tmp_path / "ret" / f"{scheme}.csv"))
+        runs = [{"scheme": scheme, "task": "retrieval", "seed": s, "global_step": v or 4000,
+                 **({"criterion_step": v} if v else {})} for s, v in enumerate(steps[scheme])]
+        runs += [{"scheme": scheme, "task": "lm", "seed": 0, "global_step": 500}]
+        files["runs"].append(tmp_path / "runs" / f"{scheme}.json")
+        files["runs"][-1].parent.mkdir(exist_ok=True)
+        files["runs"][-1].write_text(json.dumps({"scheme": scheme, "runs": runs}))
         reach_rows = [{"scheme": scheme, "seed": s, "train_len": 8, "multiple": m, "length": 8 * m, "layer": lay,
                        "head": h, "distance": 1.0 + s + lay + h, "entropy": 0.5 * m, "uniform_distance": (8 * m - 1) / 4,
                        "uniform_entropy": uniform_causal(8 * m)[1]}
                       for s in (0, 1) for m in (1, 2) for lay in (0, 1) for h in (0, 1)]
-        reach_files.append(rt.write_rows(reach_rows, tmp_path / "reach" / f"{scheme}.csv", COLUMNS))
+        files["reach"].append(rt.write_rows(reach_rows, tmp_path / "reach" / f"{scheme}.csv", COLUMNS))
         ex = pd.DataFrame([{"scheme": scheme, "seed": 0, "train_len": 8, "eval_len": 8 * m, "method": "nonoverlapping",
                             "ppl": 2.0 * m} for m in (1, 2)])
-        ex_files.append(tmp_path / "ex" / f"{scheme}.csv")
-        ex_files[-1].parent.mkdir(exist_ok=True)
-        ex.to_csv(ex_files[-1], index=False)
-    assert retrieval_summary.main([*map(str, res), "--reach", *map(str, reach_files), "--extrapolation",
-                                   *map(str, ex_files), "--out-dir", str(tmp_path / "fig"), "--md-dir", str(tmp_path),
-                                   "--tidy", str(tmp_path / "tidy.csv"), "--reach-tidy", str(tmp_path / "reach.csv")]) == 0
+        files["ex"].append(tmp_path / "ex" / f"{scheme}.csv")
+        files["ex"][-1].parent.mkdir(exist_ok=True)
+        ex.to_csv(files["ex"][-1], index=False)
+    return files
+
+
+def test_the_retrieval_summary_keeps_the_runs_that_reached_the_criterion_and_tests_across_seeds(tmp_path):
+    """pipelines.retrieval_summary on hand-made files (``_summary_inputs``): a run's exact
+    match at a length is the mean over depths; a scheme's is the mean and sample sd over
+    the seeds that reached the criterion, or over all seeds, marked, when none did; the
+    interval pools the trials of those runs; the longest length is Welch-tested against
+    NoPE across seeds; the steps table gives each seed's steps or the cap."""
+    from analysis.stats import mean_sd, welch
+    from pipelines import retrieval_summary
+
+    f = _summary_inputs(tmp_path)
+    assert retrieval_summary.main([*map(str, f["res"]), "--runs", *map(str, f["runs"]), "--reach", *map(str, f["reach"]),
+                                   "--extrapolation", *map(str, f["ex"]), "--out-dir", str(tmp_path / "fig"),
+                                   "--md-dir", str(tmp_path), "--json", str(tmp_path / "summary.json"),
+                                   "--tidy", str(tmp_path / "tidy.csv"), "--reach-tidy", str(tmp_path / "reach.csv"),
+                                   "--criterion", "0.9"]) == 0
+    t = json.loads((tmp_path / "summary.json").read_text())["schemes"]
+    assert list(t) == ["none", "learned", "alibi"]  # the schemes' drawing order; xpos has no run
+    none2 = [0.2 + 0.02, 0.3 + 0.02, 0.4 + 0.02]  # a fifth of the depths gets +0.1
+    assert t["none"]["lengths"]["2"]["values"] == pytest.approx(none2)
+    assert t["none"]["lengths"]["1"]["mean"] == pytest.approx(0.5) and t["none"]["lengths"]["1"]["sd"] == 0
+    assert t["alibi"]["reached"] == [0, 1] and not t["alibi"]["marked"]
+    assert t["alibi"]["steps"] == {"0": 900, "1": 1100, "2": None} and t["alibi"]["cap"] == 4000
+    a2 = t["alibi"]["lengths"]["2"]
+    assert a2["values"] == pytest.approx([0.9, 0.7]) and a2["n"] == 2
+    assert (a2["mean"], a2["sd"]) == pytest.approx(mean_sd([0.9, 0.7]))
+    assert (a2["lo"], a2["hi"]) == pytest.approx(rt.wilson(round(0.9 * 200) + round(0.7 * 200), 400))
+    assert a2["digit_acc"] == pytest.approx(0.55) and a2["needle_attention"] == pytest.approx(0.5)
+    w = welch([0.9, 0.7], none2)
+    assert a2["vs"]["against"] == "none" and a2["vs"]["p"] == pytest.approx(w["p"])
+    assert a2["vs"]["diff"] == pytest.approx(w["diff"])
+    assert t["learned"]["marked"] and t["learned"]["reached"] == []
+    assert t["learned"]["lengths"]["1"]["values"] == pytest.approx([0.6, 0.5, 0.4])
+    assert list(t["learned"]["lengths"]) == ["1"]  # no trials past L
     table = (tmp_path / "retrieval_table.md").read_text().splitlines()
-    none = next(line for line in table if line.startswith("| `none`"))
-    assert none.split(" | ")[1:3] == ["25 [10, 90]", "25 [10, 90]"]  # mean of 0, 12.5, 25, 37.5, 50
-    learned = next(line for line in table if line.startswith("| `learned`"))
-    assert learned.split(" | ")[1:3] == ["100 [10, 90]", "n/a"]
-    assert not any("`xpos`" in line for line in table)
+    alibi = next(line for line in table if line.startswith("| `alibi`")).split(" | ")
+    lo, hi = rt.wilson(320, 400)  # 0.9 and 0.7 of 200 trials each
+    assert alibi[1:4] == ["100 ± 0", "80 ± 14", f"[99, 100], [{100 * lo:.0f}, {100 * hi:.0f}]"]
+    assert alibi[6] == "2 of 3" and alibi[7].startswith(f"{100 * w['diff']:+.0f} (")
+    learned = next(line for line in table if line.startswith("| `learned` †")).split(" | ")
+    assert learned[1:3] == ["50 ± 10", "n/a"] and learned[6] == "0 of 3 (marked)"
+    assert any(line.startswith("† no run of this scheme reached the criterion") for line in table)
+    steps = (tmp_path / "retrieval_steps.md").read_text().splitlines()
+    rows = [line for line in steps if line.startswith("| `")]
+    assert [r.split(" | ")[0] for r in rows] == ["| `alibi`", "| `none`", "| `learned`"]  # fastest first
+    assert rows[0] == "| `alibi` | s0: 900, s1: 1100, s2: cap (4000) | 1000 ± 141 | 2 of 3 |"
+    assert rows[2] == "| `learned` | s0: cap (4000), s1: cap (4000), s2: cap (4000) | — | 0 of 3 |"
     reach_table = (tmp_path / "reach_table.md").read_text()
     # distance: mean over seeds (0, 1), layers (0, 1), heads (0, 1) of 1 + s + l + h = 2.5
     assert "| `none` | 2.5 | 2.5 | 0.50 | 1.00 |" in reach_table and "| `xpos` | 2.5 |" in reach_table
     assert "| uniform causal | 1.8 | 3.8 |" in reach_table
     tidy = pd.read_csv(tmp_path / "tidy.csv")  # every row, the lengths a scheme cannot represent too
-    assert len(tidy) == 20 and tidy["trials"].eq(0).sum() == 5 and set(tidy["scheme"]) == {"none", "learned"}
-    for name in ("grid", "curves", "reach"):
+    assert len(tidy) == 90 and tidy["trials"].eq(0).sum() == 15 and set(tidy["scheme"]) == {"none", "learned", "alibi"}
+    for name in ("grid", "curves", "reach", "steps"):
         assert (tmp_path / "fig" / f"{name}.png").stat().st_size > 0
+
+
+def test_a_grid_row_without_its_run_record_is_refused(tmp_path):
+    from analysis import retrieval as summary
+
+    grid = pd.DataFrame([{"scheme": "rope+yarn", "seed": 1, "length": 8, "multiple": 1, "depth": 0.0, "trials": 40,
+                          "exact_match": 1.0, "digit_acc": 1.0, "needle_attention": 0.5}])
+    runs = summary.run_records([{"runs": [{"scheme": "rope", "task": "retrieval", "seed": 0, "global_step": 10}]}])
+    with pytest.raises(ValueError, match="without the record of their retrieval run: rope\\+yarn"):
+        summary.per_run(grid, runs)
+    runs = summary.run_records([{"runs": [{"scheme": "rope", "task": "retrieval", "seed": 1, "global_step": 10,
+                                           "criterion_step": 10}]}])
+    (row,) = summary.per_run(grid, runs).to_dict("records")  # a rule's rows take their run's criterion
+    assert row["reached"] and row["criterion_step"] == 10 and row["k"] == 40 and row["n"] == 40
 
 
 @pytest.mark.parametrize("needles,digits", [(1, 5), (2, 4), (3, 2)])
@@ -388,3 +462,56 @@ def test_the_scored_suffix_holds_every_scored_target_and_starts_with_one(needles
         scored = (y != rt.IGNORE).nonzero().flatten()
         assert int(scored.min()) == 40 - layout.scored and int(scored.max()) == 39
         assert len(scored) == needles * digits
+
+
+def test_validation_exact_match_counts_windows_whose_every_digit_is_right(make_cfg, tmp_path):
+    """``val/exact`` (what the criterion stops on) is the share of validation windows whose
+    every answer digit is the argmax: computed again here, window by window, from the saved
+    weights with ``score_batch``, which the grid uses too."""
+    from hydra.utils import instantiate
+
+    from posenc.runs import load_module
+    from posenc.train import train
+
+    cfg = make_cfg("task=retrieval", "encoding=alibi", "trainer.max_steps=40", "model.d_model=32",
+                   "optim.lr=3e-3", "trainer.limit_val_batches=3")
+    metrics = train(cfg, out_dir=tmp_path / "run")
+    model = load_module(tmp_path / "run" / "checkpoints" / "last.ckpt").model
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    exact = [e for x, y in list(dm.val_dataloader())[:3] for e in rt.score_batch(model, x, y, 5)[0].tolist()]
+    assert len(exact) == 3 * 16 and 0 < metrics["val/acc"]
+    assert metrics["val/exact"] == pytest.approx(sum(exact) / len(exact))
+
+
+@pytest.mark.parametrize("value,stops_at", [(-0.5, 10), (1.0, None)])
+def test_a_run_stops_at_the_first_validation_past_its_criterion_or_at_the_cap(make_cfg, tmp_path, value, stops_at):
+    """``criterion``: Lightning's EarlyStopping on its threshold alone. A criterion every
+    validation passes (exact match above -0.5) stops the run at the first validation and
+    records that step; one no validation passes (above 1.0) leaves the run to its cap and
+    records none."""
+    import json
+
+    from posenc.train import train
+
+    cfg = make_cfg("task=retrieval", "encoding=alibi", "trainer.max_steps=30", "trainer.val_check_interval=10",
+                   "criterion.metric=val/exact", f"criterion.value={value}")
+    metrics = train(cfg, out_dir=tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["global_step"] == saved["global_step"] == (stops_at or 30)
+    assert metrics.get("criterion_step") == saved.get("criterion_step") == stops_at
+
+
+@pytest.mark.parametrize("settings,match", [
+    (["criterion.metric=val/bleu", "criterion.value=0.9"], "criterion.metric=val/bleu is not validated by task=retrieval"),
+    (["criterion.metric=val/exact", "criterion.value=high"], "criterion.value=high must be a number"),
+    (["criterion.metric=val/exact", "criterion.value=0.9", "criterion.mode=up"], "criterion.mode=up must be max"),
+])
+def test_a_criterion_that_cannot_work_is_refused(make_cfg, settings, match):
+    from posenc.config import check_config
+    from posenc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        check_config(make_cfg("task=retrieval", *settings))
+    with pytest.raises(ConfigError, match="val/exact is not validated by task=lm; choose one of val/loss, val/ppl"):
+        check_config(make_cfg("task=lm", "criterion.metric=val/exact", "criterion.value=0.9"))

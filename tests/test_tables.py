@@ -9,28 +9,9 @@ import pytest
 import torch
 from scipy import stats
 
+from analysis.stats import format_p
 from pipelines import study, tables
 from posenc.evaluate import write_results
-
-
-@pytest.mark.parametrize("a,b", [([0.48, 0.47, 0.50], [0.24, 0.25, 0.23]), ([1.0, 2.0, 4.0, 3.5], [2.0, 2.1])])
-def test_welch_matches_scipy(a, b):
-    got = tables.welch(a, b)
-    ref = stats.ttest_ind(a, b, equal_var=False)
-    assert got["t"] == pytest.approx(ref.statistic) and got["p"] == pytest.approx(ref.pvalue)
-    assert got["df"] == pytest.approx(ref.df)
-    lo, hi = ref.confidence_interval(0.95)
-    assert got["ci"] == pytest.approx([lo, hi])
-    assert got["diff"] == pytest.approx(sum(a) / len(a) - sum(b) / len(b))
-
-
-def test_welch_needs_two_seeds_a_side():
-    assert tables.welch([0.5], [0.2, 0.3])["p"] is None
-
-
-def test_mean_sd_is_the_sample_sd():
-    assert tables.mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert tables.mean_sd([5.0]) == (5.0, 0.0)
 
 
 def _rows(scheme, seed, ppl_by_len, train_len=4):
@@ -69,7 +50,7 @@ def test_lm_table_compares_every_ratio_with_the_question(tmp_path):
     assert "vs_question" not in t["q"] and "vs_question" not in t["short"]  # itself; no ratio
     md = tables.lm_markdown(t, "q")
     assert "ppl(2L) / ppl(L) − `q` (95% CI) | Welch p |" in md.splitlines()[0]
-    assert "| `a` |" in md and f"| +1.18 ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f}) | {tables._p(w['p'])} |" in md
+    assert "| `a` |" in md and f"| +1.18 ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f}) | {format_p(w['p'])} |" in md
     assert md.splitlines()[2].startswith("| `q` |") and md.splitlines()[2].endswith("| — | — |")
     assert "Welch" not in tables.lm_markdown(tables.compare_ratios(t, "absent"), "absent")
 

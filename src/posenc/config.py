@@ -54,6 +54,7 @@ def check_config(cfg: DictConfig) -> None:
         scheme.check_length(int(cfg.data.seq_len))
     except ValueError as e:  # the scheme's own checks name the setting
         raise ConfigError(str(e)) from e
+    check_criterion(cfg)
     if cfg.task.get("objective") == "retrieval":  # a window that cannot hold its needles and queries
         from .retrieval import Layout
 
@@ -62,6 +63,34 @@ def check_config(cfg: DictConfig) -> None:
             Layout(T, n, k)
         except ValueError as e:
             raise ConfigError(f"task=retrieval with data.seq_len={T}, task.needles={n}, task.digits={k}: {e}") from e
+
+
+def validation_metrics(task: DictConfig) -> list[str]:
+    """What validation logs for a task (``posenc.module.LMModule``): loss and perplexity,
+    accuracy for the masked LM and retrieval, exact match for retrieval."""
+    objective = task.get("objective")
+    return ["val/loss", "val/ppl"] + ["val/acc"] * (objective in ("mlm", "retrieval")) + \
+        ["val/exact"] * (objective == "retrieval")
+
+
+def check_criterion(cfg: DictConfig) -> None:
+    """A criterion (``criterion.metric``) must name a metric the task validates, with a number
+    to pass and a direction."""
+    c = cfg.get("criterion") or {}
+    if not c.get("metric"):
+        return
+    known = validation_metrics(cfg.task)
+    if c.metric not in known:
+        raise ConfigError(f"criterion.metric={c.metric} is not validated by task={cfg.task.name}; "
+                          f"choose one of {', '.join(known)}")
+    try:
+        ok = math.isfinite(float(c.get("value")))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"criterion.value={c.get('value')} must be a number, e.g. criterion.value=0.9")
+    if c.get("mode", "max") not in ("max", "min"):
+        raise ConfigError(f"criterion.mode={c.mode} must be max (stop above the value) or min (below it)")
 
 
 def check_optim(cfg: DictConfig) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from omegaconf import OmegaConf
+from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
@@ -31,7 +32,9 @@ class LMModule(L.LightningModule):
 
     Perplexity is over scored tokens only (all tokens for ``task=lm``, the
     masked targets for ``task=mlm``, the answer digits for ``task=retrieval``;
-    for these two accuracy is reported too).
+    for these two accuracy is reported too, and for retrieval the exact match:
+    the share of windows whose every answer digit is the argmax, ``val/exact``,
+    which a criterion can stop the run on).
 
     ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
     checkpoint so a model can be rebuilt from the checkpoint alone, with
@@ -60,6 +63,8 @@ class LMModule(L.LightningModule):
         if self.with_accuracy:
             acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
             self.val_acc, self.test_acc = acc(), acc()
+        if self.scored_suffix is not None:
+            self.val_exact, self.test_exact = MeanMetric(), MeanMetric()
         self._t0: float | None = None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -89,6 +94,10 @@ class LMModule(L.LightningModule):
             acc = self.val_acc if stage == "val" else self.test_acc
             acc(logits.detach().flatten(0, 1), y.flatten())
             self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True)
+        if self.scored_suffix is not None:  # a window counts when every scored target is the argmax
+            exact = self.val_exact if stage == "val" else self.test_exact
+            exact(((logits.detach().argmax(-1) == y) | (y == IGNORE)).all(-1).float())
+            self.log(f"{stage}/exact", exact, on_epoch=True, prog_bar=True)
         return loss
 
     def training_step(self, batch, batch_idx):

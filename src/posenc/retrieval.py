@@ -199,13 +199,6 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def trials_for(half_width: float, z: float = 1.959964) -> int:
-    """Trials that make the Wilson interval at most +-``half_width`` at any proportion.
-    Its half-width is z / (1 + z^2/n) sqrt(p (1 - p) / n + z^2 / (4 n^2)), widest at
-    p = 1/2, where it is z / (2 sqrt(n + z^2)): n = ceil(z^2 / (4 h^2) - z^2)."""
-    return max(1, math.ceil(z * z / (4 * half_width * half_width) - z * z - 1e-9))
-
-
 @torch.no_grad()
 def score_batch(model, x: torch.Tensor, y: torch.Tensor, digits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(exact match (B,), digits right (B,)) of a batch under teacher forcing; the model
@@ -273,22 +266,21 @@ def batch_tokens_for(model) -> int:
 
 
 def evaluate_grid(model, filler: np.ndarray, sym: Symbols, lengths: Sequence[int], depths: Sequence[float] = DEPTHS,
-                  digits: int = 5, seed: int = 0, half_width: float = 0.05, first: int = 40, step: int = 20,
-                  batch_tokens: int | None = None, device: str = "cpu", progress: bool = False) -> list[dict]:
+                  digits: int = 5, seed: int = 0, trials: int = 40, batch_tokens: int | None = None,
+                  device: str = "cpu", progress: bool = False) -> list[dict]:
     """Exact match and per-digit accuracy of ``model`` on every (length, depth) cell.
 
-    Trials are ``trial(filler, sym, length, depth, digits, seed, i)`` for i = 0, 1, ...:
-    the same for every model. A cell scores ``first`` trials, then adds trials
-    ``step`` at a time until its 95% Wilson interval is at most +-``half_width``
-    or it reaches ``trials_for(half_width)`` trials (the count that bounds the
-    interval at any accuracy), so a cell at 0% or 100% costs ``first`` trials (40:
-    0 of 40 gives [0, 8.8%]) and one near 50% the most. A batch holds about
-    ``batch_tokens`` tokens (default: ``batch_tokens_for(model)``). Each row holds its trial count and interval. Lengths
-    the model cannot represent (a learned table's) get NaN and a note.
+    A cell scores ``trials`` trials, ``trial(filler, sym, length, depth, digits, seed, i)``
+    for i = 0 .. trials - 1: the same for every model and seed, so the spread between
+    training seeds is not mixed with a draw of other trials. Each row holds its 95% Wilson
+    interval over those trials (40 trials at 0% give [0, 8.8%]; near 50%, +-15 points).
+    A batch holds about ``batch_tokens`` tokens (default: ``batch_tokens_for(model)``).
+    Lengths the model cannot represent (a learned table's) get NaN and a note.
     """
     from tqdm.auto import tqdm
 
-    cap = trials_for(half_width)
+    if trials < 1:
+        raise ValueError(f"trials={trials}: a cell needs at least one trial")
     cells = [(L, d) for L in lengths for d in depths]
     rows = []
     model.eval()
@@ -299,28 +291,22 @@ def evaluate_grid(model, filler: np.ndarray, sym: Symbols, lengths: Sequence[int
             rows.append({"length": L, "depth": d, "trials": 0, "exact_match": math.nan, "exact_lo": math.nan,
                          "exact_hi": math.nan, "digit_acc": math.nan, "note": f"not applicable: {e}"})
             continue
-        exact = right = n = 0
+        exact = right = 0
         batch_size = max(1, (batch_tokens or batch_tokens_for(model)) // L)
-        while n < cap:
-            want = min(cap, n + (step if n else first)) - n
-            for b in range(n, n + want, batch_size):
-                xs, ys = zip(*(trial(filler, sym, L, d, digits, seed, i) for i in range(b, min(n + want, b + batch_size))))
-                e, r = score_batch(model, torch.stack(xs).to(device), torch.stack(ys).to(device), digits)
-                exact += int(e.sum())
-                right += int(r.sum())
-            n += want
-            lo, hi = wilson(exact, n)
-            if (hi - lo) / 2 <= half_width:
-                break
-        lo, hi = wilson(exact, n)
-        rows.append({"length": L, "depth": d, "trials": n, "exact_match": exact / n, "exact_lo": lo, "exact_hi": hi,
-                     "digit_acc": right / (n * digits), "note": ""})
+        for b in range(0, trials, batch_size):
+            xs, ys = zip(*(trial(filler, sym, L, d, digits, seed, i) for i in range(b, min(trials, b + batch_size))))
+            e, r = score_batch(model, torch.stack(xs).to(device), torch.stack(ys).to(device), digits)
+            exact += int(e.sum())
+            right += int(r.sum())
+        lo, hi = wilson(exact, trials)
+        rows.append({"length": L, "depth": d, "trials": trials, "exact_match": exact / trials, "exact_lo": lo,
+                     "exact_hi": hi, "digit_acc": right / (trials * digits), "note": ""})
     return rows
 
 
 #: the columns of a grid file: who was scored, the cell, and its scores
 GRID_COLUMNS = ("scheme", "extension", "seed", "train_len", "run_id", "multiple", "length", "depth", "trials",
-                "exact_match", "exact_lo", "exact_hi", "digit_acc", "note")
+                "exact_match", "exact_lo", "exact_hi", "digit_acc", "needle_attention", "note")
 
 
 def write_rows(rows: Sequence[dict], path, columns: Sequence[str] = GRID_COLUMNS) -> Path:

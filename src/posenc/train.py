@@ -16,7 +16,8 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -274,6 +275,17 @@ def log_run_end(logger, run: RunFolder, tokenizer: Path, best_ckpt: str | None, 
                            RunFolder.CHECKPOINTS)
 
 
+def criterion_callback(cfg: DictConfig) -> EarlyStopping | None:
+    """Lightning's ``EarlyStopping`` on its threshold alone: stop at the first validation
+    where ``criterion.metric`` passes ``criterion.value`` (``patience`` never runs out, so a
+    run that has not got there trains on to ``trainer.max_steps``, the cap)."""
+    c = cfg.get("criterion") or {}
+    if not c.get("metric"):
+        return None
+    return EarlyStopping(monitor=c.metric, mode=c.get("mode", "max"), stopping_threshold=float(c.value),
+                         patience=2**62, check_on_train_epoch_end=False, check_finite=False)
+
+
 def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float]:
     """Train one model as ``cfg`` says; returns the final callback metrics.
 
@@ -314,7 +326,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
         enable_version_counter=False,  # a resume overwrites last.ckpt (an interrupt wrote it) with the final one
     )
     interrupt = GracefulInterrupt(run.checkpoints)
-    callbacks = [checkpoint, interrupt, ValidateAtEnd()]
+    criterion = criterion_callback(cfg)
+    callbacks = [checkpoint, interrupt, ValidateAtEnd(), *([criterion] if criterion else [])]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
@@ -332,6 +345,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             write_json(run.run_json, meta)
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if criterion is not None and criterion.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
+            metrics["criterion_step"] = trainer.global_step
+            if logger is not None and trainer.is_global_zero:
+                logger.log_metrics({"criterion_step": trainer.global_step}, step=trainer.global_step)
         if cfg.get("test_at_end", False):  # the final weights on the test split
             (scores,) = trainer.test(module, datamodule=datamodule, verbose=False)
             metrics.update({k: float(v) for k, v in scores.items()})

@@ -37,23 +37,13 @@ from .config import (
     XT,
     BenchSettings,
 )
+from ..machine import cpu_name
 from .flops import palm_flops_per_token
 from .xtransformers import XT_SHARED
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(s: BenchSettings, xt_version: str | None) -> dict[str, Any]:
-    dev = torch.cuda.get_device_name() if s.device == "cuda" else _cpu_name()
+    dev = torch.cuda.get_device_name() if s.device == "cuda" else cpu_name()
     return {
         "settings": asdict(s),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

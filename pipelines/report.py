@@ -1,0 +1,331 @@
+"""The results report: ``docs/results.md`` and the README's generated blocks, rendered
+from the results files with Jinja2, so that every number a reader sees comes from them.
+
+    python -m pipelines.report            # write docs/results.md and the README's blocks
+    python -m pipelines.report --check    # render in memory; exit 1 naming the first difference
+
+The templates are ``docs/templates/results.md.j2`` (the report) and
+``docs/templates/readme-<name>.md.j2``, one per README block, which sits between
+``<!-- generated: <name> -->`` and ``<!-- end generated -->`` in ``README.md``.
+A template reads a study's results through ``Study`` (``study`` is the default one
+at the project root, ``profiles`` those under ``profiles/<name>/``), and words every
+comparison with ``compare``, which takes the words from the test (``analysis.stats``),
+so that no sentence can claim a difference the seeds do not support. A template that
+names a result that does not exist fails (Jinja's ``StrictUndefined``, and ``Study``
+refuses a missing file, naming it), in the stage and in ``--check``.
+
+``--check`` is what CI runs on the committed results: it fails when a committed
+generated file differs from what the results give, or when a template cannot be
+rendered from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from analysis.stats import format_p, mean_sd, verdict, welch
+from posenc.files import write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = "docs/templates"
+REPORT = "docs/results.md"
+README = "README.md"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+#: the first line of every generated file and block
+STAMP = "<!-- written by `python -m pipelines.report` from the results files: edit the template, not this -->"
+
+
+class ReportError(Exception):
+    """A result a template needs is missing, or a generated file is out of date."""
+
+
+class Study:
+    """The results of one study (the default one at the project root, or a profile
+    under ``profiles/<name>/``), read when a template first asks for them."""
+
+    def __init__(self, root: Path, name: str = "default"):
+        self.root, self.name = Path(root), name
+
+    def path(self, rel: str) -> Path:
+        p = self.root / rel
+        if not p.exists():
+            raise ReportError(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: no such results file "
+                              f"(run the study: dvc repro)")
+        return p
+
+    def _json(self, rel: str):
+        return json.loads(self.path(rel).read_text())
+
+    @functools.cached_property
+    def params(self) -> dict:
+        return yaml.safe_load(self.path("params.yaml").read_text())
+
+    @functools.cached_property
+    def mlflow(self) -> dict:
+        return self._json("results/mlflow_study.json")
+
+    @functools.cached_property
+    def prepare(self) -> dict:
+        return self._json("results/prepare.json")
+
+    @functools.cached_property
+    def timing(self) -> dict:
+        return self._json("results/timing.json")
+
+    @functools.cached_property
+    def lm(self) -> dict:
+        return self._json("results/lm_table.json")
+
+    @functools.cached_property
+    def mlm(self) -> dict:
+        return self._json("results/mlm_table.json")
+
+    @functools.cached_property
+    def correlations(self) -> dict:
+        return self._json("results/correlations.json")
+
+    @functools.cached_property
+    def retrieval(self) -> dict:
+        return self._json("results/retrieval_table.json")
+
+    @functools.cached_property
+    def minilm(self) -> dict:
+        return self._json("results/pretrained_minilm.json")
+
+    @functools.cached_property
+    def bench(self) -> dict:
+        return self._json("figures/bench/bench.json")
+
+    @functools.cached_property
+    def runs(self) -> dict[str, dict]:
+        """{scheme: its study stage's record} for the study's schemes."""
+        return {s: self._json(f"results/runs/{s}.json") for s in self.params["schemes"]}
+
+    @functools.cached_property
+    def reach(self) -> dict:
+        """{scheme: {multiple: {distance, entropy, uniform_distance, uniform_entropy, seeds}}}."""
+        import pandas as pd
+
+        from analysis.reach import summary
+
+        rows = pd.read_csv(self.path("results/reach.csv"))
+        out: dict = {}
+        for r in summary(rows.to_dict("records")).to_dict("records"):
+            out.setdefault(r["scheme"], {})[int(r["multiple"])] = r
+        return out
+
+    def table(self, name: str) -> str:
+        """A generated Markdown table (``figures/<name>.md``), as the stage wrote it."""
+        return self.path(f"figures/{name}.md").read_text().rstrip("\n")
+
+    @functools.cached_property
+    def times(self) -> dict[str, dict]:
+        """{stage: {started, finished, seconds}} of every stage that recorded its time."""
+        folder = self.path("results/times")
+        return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+    @functools.cached_property
+    def wall(self) -> dict:
+        """The repro's wall time from the stages' records: ``span`` from the first stage's
+        start to the last one's end, ``one_sitting`` (no gap of more than 10 minutes between
+        stages: the span is one repro's), the seconds per kind of stage, and ``date``."""
+        t = self.times
+        if not t:
+            raise ReportError(f"{self.root / 'results/times'}: no stage recorded its time")
+        spans = sorted((r["started"], r["finished"]) for r in t.values())
+        reach, gaps = spans[0][1], []
+        for start, end in spans[1:]:
+            gaps.append(start - reach)
+            reach = max(reach, end)
+        kinds: dict[str, float] = {}
+        for stage, r in t.items():
+            kind = stage.split("@")[0]
+            kinds[kind] = kinds.get(kind, 0.0) + r["seconds"]
+        finished = max(r["finished"] for r in t.values())
+        return {"span": reach - spans[0][0], "one_sitting": all(g < 600 for g in gaps),
+                "stages": sum(r["seconds"] for r in t.values()), "kinds": kinds,
+                "date": datetime.fromtimestamp(finished, timezone.utc).strftime("%Y-%m-%d")}
+
+    @functools.cached_property
+    def machines(self) -> list[dict]:
+        """The distinct machines the study stages recorded (one, when a repro made them all)."""
+        seen: list[dict] = []
+        for record in self.runs.values():
+            m = record.get("machine")
+            if m and m not in seen:
+                seen.append(m)
+        return seen
+
+    @functools.cached_property
+    def code(self) -> list[str]:
+        """The distinct digests of the shared code the study stages recorded."""
+        return sorted({(r.get("provenance") or {}).get("core", "not recorded") for r in self.runs.values()})
+
+
+# ------------------------------------------------------------------ what templates call
+class Comparison(dict):
+    """``welch`` of a against b, with the words it earns: ``word`` ("ahead of", "level
+    with", "behind"; ``analysis.stats.verdict``), ``p`` and ``ci`` printable."""
+
+    def __str__(self) -> str:
+        return self["word"]
+
+    @property
+    def word(self) -> str:
+        return self["word"]
+
+    @property
+    def diff(self) -> float:
+        return self["diff"]
+
+    @property
+    def p(self) -> str:
+        return format_p(self["p"])
+
+    @property
+    def apart(self) -> bool:
+        return self["word"] in ("ahead of", "behind")
+
+
+def compare(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> Comparison:
+    """How ``a`` (one scheme's per-seed values) stands against ``b``, from Welch's test."""
+    test = welch(list(a), list(b))
+    return Comparison(test, word=verdict(test, higher_is_better))
+
+
+def judged(test: dict, higher_is_better: bool = True) -> Comparison:
+    """The words of a test a results file already holds (``vs_question``, ``vs_none``, ...)."""
+    return Comparison(test, word=verdict(test, higher_is_better))
+
+
+def num(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}"
+
+
+def signed(x: float, digits: int = 2) -> str:
+    return f"{x:+.{digits}f}"
+
+
+def pct(x: float, digits: int = 0) -> str:
+    """A share as a percentage, without the sign: 0.2345 -> 23 (digits=0)."""
+    return f"{100 * x:.{digits}f}"
+
+
+def pm(values: Sequence[float], digits: int = 2, scale: float = 1.0) -> str:
+    """mean ± sample sd of per-seed values."""
+    m, sd = mean_sd([scale * v for v in values])
+    return f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def names(items: Sequence[str], code: bool = True) -> str:
+    """"a, b and c", each in backticks."""
+    items = [f"`{i}`" if code else str(i) for i in items]
+    if not items:
+        return "none"
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s ({seconds / 60:.1f} min)"
+
+
+def mean(values: Sequence[float]) -> float:
+    return mean_sd(list(values))[0]
+
+
+HELPERS = {"compare": compare, "judged": judged, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
+           "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
+
+
+# ------------------------------------------------------------------ rendering
+def environment(root: Path):
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(root / TEMPLATES)), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.globals.update(HELPERS)
+    return env
+
+
+def studies(root: Path) -> tuple[Study, list[Study]]:
+    """The default study and the profiles that have results (``profiles/<name>/results``)."""
+    profiles = [Study(p.parent, p.parent.name) for p in sorted((root / "profiles").glob("*/results"))]
+    return Study(root), profiles
+
+
+def render(root: Path = ROOT) -> dict[str, str]:
+    """{path relative to root: its full new text}: the report and the README with its blocks."""
+    from jinja2 import TemplateError
+
+    env = environment(root)
+    study, profiles = studies(root)
+    context = {"study": study, "profiles": profiles, "stamp": STAMP}
+
+    def one(template: str) -> str:
+        try:
+            return env.get_template(template).render(**context)
+        except (TemplateError, ReportError, KeyError) as e:
+            raise ReportError(f"{TEMPLATES}/{template}: {type(e).__name__}: {e}") from e
+
+    out = {REPORT: one("results.md.j2")}
+    readme = (root / README).read_text()
+
+    def block(m: re.Match) -> str:
+        body = one(f"readme-{m['name']}.md.j2")
+        return f"{m.group(1)}{STAMP}\n{body.rstrip()}\n{m.group(4)}"
+
+    out[README] = BLOCK.sub(block, readme)
+    return out
+
+
+def first_difference(name: str, old: str, new: str) -> str:
+    for n, (a, b) in enumerate(zip(old.splitlines(), new.splitlines()), 1):
+        if a != b:
+            return f"{name}:{n}: committed {a[:160]!r}, the results give {b[:160]!r}"
+    diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0))
+    return f"{name}: differs in length ({len(old.splitlines())} lines committed, {len(new.splitlines())} from the " \
+           f"results): {' '.join(diff[2:4])[:200]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="render in memory and fail on any difference")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)  # tests render a copy
+    a = p.parse_args(argv)
+    root = Path(a.root)
+    try:
+        rendered = render(root)
+    except ReportError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 1
+    if a.check:
+        for rel, text in rendered.items():
+            path = root / rel
+            old = path.read_text() if path.exists() else ""
+            if old != text:
+                print(f"report --check: {first_difference(rel, old, text)}; run `python -m pipelines.report` "
+                      "(or dvc repro) and commit", file=sys.stderr)
+                return 1
+        print(f"report --check: {', '.join(rendered)} match the results")
+        return 0
+    for rel, text in rendered.items():
+        if not (root / rel).exists() or (root / rel).read_text() != text:
+            write_text(root / rel, text)
+        print(root / rel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Run one DVC stage's command and record when it ran, so that the report can give the
+repro's wall time and where it went (``pipelines.report``).
+
+    python -m pipelines.timed results/times/tables.json python -m pipelines.tables ...
+
+Runs the command after the record's path as it is (no shell), with this process's
+environment and standard streams. When it succeeds, writes the record: the stage
+(the record's file name), when it started and finished (seconds since the epoch) and
+its seconds. When it fails, or is interrupted, writes nothing and exits with the
+command's status, so DVC keeps nothing of the stage. Ctrl-C reaches the command alone
+(it shares the terminal's process group), which stops as it does when run by itself
+(a study stage saves its runs' checkpoints and exits 130); this process then passes
+that status on.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from posenc.files import write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or not argv[0].endswith(".json"):
+        print("usage: python -m pipelines.timed <record>.json <command> [args...]", file=sys.stderr)
+        return 2
+    record, command = Path(argv[0]), argv[1:]
+    if command[0] == "python":  # the interpreter running this, as DVC's `python` would be
+        command = [sys.executable, *command[1:]]
+    started = time.time()
+    # a handler, not SIG_IGN: the command starts with Python's own (SIG_IGN would be inherited)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    rc = subprocess.Popen(command).wait()
+    finished = time.time()
+    if rc != 0:
+        return rc
+    write_json(record, {"stage": record.stem, "started": round(started, 2), "finished": round(finished, 2),
+                        "seconds": round(finished - started, 2)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
