@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     portable = portable_uri(uri, root)
     write_json(a.out, {"run_id": run_id, "experiment_id": exp_id, "experiment": a.experiment, "run_name": run_name,
                        "tracking_uri": portable, "params_sha256": params_sha, "git_commit": git["git_commit"],
-                       "artifacts": artifacts, "linked_runs": len(linked), "missing_runs": len(missing)})
+                       "git_dirty": git.get("git_dirty") == "true", "artifacts": artifacts, "linked_runs": len(linked), "missing_runs": len(missing)})
     print(f"study run {run_name} ({len(artifacts)} artifacts, {len(linked)} training runs linked): "
           + tracking.how_to_open(portable, exp_id, run_id, "the study's runs"))
     return 0

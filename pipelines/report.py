@@ -122,8 +122,13 @@ class Study:
         rows = pd.read_csv(self.path("results/reach.csv"))
         out: dict = {}
         for r in summary(rows.to_dict("records")).to_dict("records"):
-            out.setdefault(r["scheme"], {})[int(r["multiple"])] = r
+            out.setdefault(r["scheme"], {})[str(int(r["multiple"]))] = r
         return out
+
+    def link(self, rel: str) -> str:
+        """A relative link from ``docs/`` to one of this study's files (figures, tables)."""
+        where = self.root.relative_to(self.root.parent.parent) if self.name != "default" else Path(".")
+        return (Path("..") / where / rel).as_posix()
 
     def table(self, name: str) -> str:
         """A generated Markdown table (``figures/<name>.md``), as the stage wrote it."""
@@ -209,6 +214,65 @@ def judged(test: dict, higher_is_better: bool = True) -> Comparison:
     return Comparison(test, word=verdict(test, higher_is_better))
 
 
+def verdicts(tests: dict[str, dict], higher_is_better: bool = True) -> dict[str, Comparison]:
+    """{scheme: its comparison} for tests a results file holds per scheme."""
+    return {s: judged(t, higher_is_better) for s, t in tests.items()}
+
+
+def group(compared: dict[str, Comparison]) -> dict[str, list[str]]:
+    """The schemes by the word their comparison earned: {"ahead of": [...], "level with": [...],
+    "behind": [...], "untested against": [...]}, in the order given."""
+    out: dict[str, list[str]] = {w: [] for w in ("ahead of", "level with", "behind", "untested against")}
+    for scheme, c in compared.items():
+        out[c.word].append(scheme)
+    return out
+
+
+def groups_sentence(groups: dict[str, list[str]], phrases: dict[str, tuple[str, str]], detail=None) -> str:
+    """The groups of ``group`` as one clause each, joined by semicolons: ``phrases`` maps a word
+    to its (singular, plural) predicate, ``detail(scheme)`` adds a parenthesis after each name.
+    Words without a phrase and empty groups are left out."""
+    clauses = []
+    for word, (one, many) in phrases.items():
+        members = groups.get(word) or []
+        if members:
+            shown = [f"`{s}`" + (f" ({detail(s)})" if detail else "") for s in members]
+            listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+            clauses.append(f"{listed} {one if len(members) == 1 else many}")
+    return "; ".join(clauses)
+
+
+def flat(values: Sequence[float], tolerance: float = 0.05) -> bool:
+    """Whether a ratio ppl(longest) / ppl(L) is flat: the upper end of its 95% interval over seeds
+    (Student's t) at most 1 + ``tolerance``. One seed has no interval and is never called flat."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return False
+    m, sd = mean_sd(list(values))
+    return m + stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values)) <= 1 + tolerance
+
+
+def lm_tests(lm: dict) -> dict[str, dict]:
+    """Each scheme's ratio ppl(longest)/ppl(L) against the question scheme's (``vs_question``)."""
+    return {s: e["vs_question"] for s, e in lm.items() if "vs_question" in e}
+
+
+def reached_steps(entry: dict) -> list[int]:
+    """The steps to the criterion of the seeds of a retrieval summary entry that reached it."""
+    return [entry["steps"][str(s)] for s in entry["reached"]]
+
+
+def rank_by_steps(entries: Sequence[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """(scheme, retrieval entry) pairs with at least two seeds at the criterion, fastest first."""
+    return sorted((e for e in entries if len(e[1]["reached"]) > 1), key=lambda e: mean(reached_steps(e[1])))
+
+
+def at(lengths: dict, key) -> dict:
+    """An entry of a table keyed by length or multiple, which JSON turned into strings."""
+    return lengths[str(key)]
+
+
 def num(x: float, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
@@ -244,7 +308,12 @@ def mean(values: Sequence[float]) -> float:
     return mean_sd(list(values))[0]
 
 
-HELPERS = {"compare": compare, "judged": judged, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
+TESTS = {"reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
+         "startswith": lambda s, prefix: str(s).startswith(prefix),
+         "search": lambda s, pattern: re.search(pattern, str(s)) is not None,
+         "flat_ratio": lambda values: flat(values)}
+HELPERS = {"groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
+           "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
 
 
@@ -253,8 +322,10 @@ def environment(root: Path):
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     env = Environment(loader=FileSystemLoader(str(root / TEMPLATES)), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                      extensions=["jinja2.ext.do"])
     env.globals.update(HELPERS)
+    env.tests.update(TESTS)
     return env
 
 
@@ -270,7 +341,7 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
     env = environment(root)
     study, profiles = studies(root)
-    context = {"study": study, "profiles": profiles, "stamp": STAMP}
+    context = {"study": study, "profiles": profiles, "profile": {p.name: p for p in profiles}, "stamp": STAMP}
 
     def one(template: str) -> str:
         try:

@@ -148,15 +148,18 @@ def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], ba
         for scheme, e in summary.items():
             if scheme != baseline:
                 e["vs_" + baseline] = welch(e["acc"], summary[baseline]["acc"])
-    tests = {}
-    if question in summary:
+    tests, note = {}, None
+    if question not in summary:
+        note = (f"`{question}` has no masked-LM runs (causal only, or not in the study): the question cannot be "
+                "asked of this table; put a scheme that allows bidirectional attention in mlm_table.question")
+    else:
         best = max((s for s in summary if s != question), key=lambda s: summary[s]["acc_mean"], default=None)
         for other in [*against, best]:
             if other in summary and other != question and other not in tests:
                 tests[other] = {**welch(summary[question]["acc"], summary[other]["acc"]),
                                 "best": other == best}
     return {"metric": "masked-token accuracy on the validation split", "baseline": baseline,
-            "question": question, "tests": tests, "summary": summary}
+            "question": question, "tests": tests, "note": note, "summary": summary}
 
 
 def mlm_markdown(t: dict) -> str:
@@ -169,8 +172,10 @@ def mlm_markdown(t: dict) -> str:
         vs = "—" if not w else f"{100 * w['diff']:+.1f} pt{ci}"
         lines.append(f"| `{s}` | {100 * e['acc_mean']:.1f}% ± {100 * e['acc_sd']:.1f} | {e['ppl_mean']:.2f} ± "
                      f"{e['ppl_sd']:.2f} | {e['n']} | {vs} | {format_p(w['p']) if w else '—'} |")
+    q = t["question"]
+    if t.get("note"):
+        lines += ["", f"Does `{q}` help? {t['note']}."]
     if t["tests"]:
-        q = t["question"]
         lines += ["", f"Does `{q}` help? Accuracy of `{q}` minus that of each scheme (Welch t-test, two-sided):", "",
                   "| against | difference (95% CI) | t | df | p |", "| --- | ---: | ---: | ---: | ---: |"]
         for other, w in t["tests"].items():
@@ -240,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "lm_table.json", lm)
     write_text(md / "lm_table.md", lm_markdown(lm, a.lm_question))
     mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against)
+    if mlm["note"]:
+        print(f"note: --question {mlm['note']}", file=sys.stderr)
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
     write_json(out / "timing.json", timing(list(runs.values())))

@@ -6,8 +6,12 @@
     python -m tests.mutation --report-only  # the report of the last run
 
 Scope (``SCOPE``): the positional schemes (``src/posenc/encodings/``), attention
-(``attention.py``), the evaluation at any length (``evaluate.py``) and the masked-LM
-corruption of ``data.py`` (``MaskedWindows``). mutmut's settings are in
+(``attention.py``), the evaluation at any length (``evaluate.py``), the masked-LM
+corruption of ``data.py`` (``MaskedWindows``), and what turns runs into claims: the
+retrieval task and its grid (``retrieval.py``), attention reach (``analysis/reach.py``),
+the statistics (``analysis/stats.py``), the tables and gathering of ``pipelines/``
+(``tables.py``, ``gather.py``) and the retrieval summary's statistics and tables
+(``analysis/retrieval.py``, not its figures). mutmut's settings are in
 ``pyproject.toml`` (``[tool.mutmut]``: the files it mutates, the tests it runs, the
 lines it leaves alone). It runs from a copy under ``mutants/`` (git-ignored),
 ``POSENC_DATA_DIR`` must name the corpora as for the tests, and judging the whole
@@ -38,7 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCOPE = ("posenc.encodings.*", "posenc.attention.*", "posenc.evaluate.*", "posenc.data.xǁMaskedWindowsǁ*")
+SCOPE = (
+    "posenc.encodings.*", "posenc.attention.*", "posenc.evaluate.*", "posenc.data.xǁMaskedWindowsǁ*",
+    # what turns runs into the retrieval and reach claims, and the statistics of every table
+    "posenc.retrieval.*", "analysis.reach.*", "analysis.stats.*", "pipelines.tables.*", "pipelines.gather.*",
+    *(f"analysis.retrieval.x_{f}__mutmut_*" for f in ("run_records", "base_scheme", "per_run", "used", "summary",
+                                                       "_pct", "_seeds", "table_markdown", "steps_markdown")),
+)
 EQUIVALENT = REPO / "tests" / "mutation_equivalent.txt"
 REPORT = REPO / "docs" / "mutation.md"
 KILLED = {"killed", "timeout", "caught by type check"}
@@ -92,9 +102,11 @@ def results() -> dict[str, str]:
 
 
 def source_of(name: str) -> Path:
-    """The file a mutant belongs to (``posenc.encodings.position_bias.x...`` -> src/posenc/encodings/position_bias.py)."""
+    """The file a mutant belongs to (``posenc.encodings.position_bias.x...`` -> src/posenc/encodings/position_bias.py,
+    ``analysis.reach.x...`` -> analysis/reach.py)."""
     module = name.split(".x", 1)[0] if ".x" in name else name.rsplit(".", 1)[0]
-    return Path("src", *module.split(".")).with_suffix(".py")
+    parts = module.split(".")
+    return Path(*(["src"] if parts[0] == "posenc" else []), *parts).with_suffix(".py")
 
 
 def diff_of(name: str) -> tuple[list[str], list[str]]:

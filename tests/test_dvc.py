@@ -30,7 +30,7 @@ REDUCED = {
     "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
            "overrides": ""},
     "mlm": {"seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
-    "retrieval": {"criterion": 0.9, "cap": 20, "validate_every": 10, "batch_size": 8, "seeds": "0", "trials": 4,
+    "retrieval": {"criterion": 0.9, "cap": 20, "validate_every": 10, "validation_windows": 16, "batch_size": 8, "seeds": "0", "trials": 4,
                   "attention_trials": 2, "against": "none", "extensions": "", "overrides": ""},
     "schemes": {"none": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
                 "alibi": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
@@ -43,11 +43,12 @@ REDUCED = {
 
 
 def _copy_project(dst: Path) -> None:
-    """The working tree as it is (tracked files and new ones git does not ignore), less results."""
+    """The working tree as it is (tracked files and new ones git does not ignore), less results
+    and profiles (pipelines of their own, which a reduced study has not run)."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split()
     for f in files:
-        if (REPO / f).is_file() and not f.startswith(("results/", "figures/")):
+        if (REPO / f).is_file() and not f.startswith(("results/", "figures/", "profiles/")):
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dst / f)
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
@@ -64,6 +65,10 @@ def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=1800)
+
+
+def study_commit(root: Path) -> str:
+    return json.loads((root / "results/mlflow_study.json").read_text())["git_commit"] or ""
 
 
 def _check_study_run(root: Path) -> None:
@@ -123,7 +128,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
               "results/correlations.json", "results/pretrained_minilm.json", "figures/bench/bench.json",
               "figures/bench/bench.png", "figures/retrieval/grid.png", "figures/retrieval/curves.png",
               "figures/retrieval/reach.png", "figures/retrieval/steps.png", "figures/retrieval_table.md",
-              "figures/retrieval_steps.md", "results/retrieval_table.json", "figures/reach_table.md"]:
+              "figures/retrieval_steps.md", "results/retrieval_table.json", "figures/reach_table.md", "docs/results.md"]:
         assert (tmp_path / f).stat().st_size > 0, f
     # retrieval: one run per scheme, 3 lengths x 5 depths each; reach: every causal-LM run,
     # 3 lengths x 2 layers x 2 heads
@@ -161,6 +166,12 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
               "results/runs/alibi.json", "results/pretrained_minilm.json", "results/mlflow_study.json"):
         assert str(tmp_path) not in (tmp_path / f).read_text(), f
     _check_study_run(tmp_path)
+    # the report stage ran last: its page and the README's block come from this study's files
+    results_md = (tmp_path / "docs/results.md").read_text()
+    assert study_commit(tmp_path)[:10] in results_md and "`none`" in results_md
+    check = subprocess.run([sys.executable, "-m", "pipelines.report", "--check"], cwd=tmp_path, capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path / "src")))
+    assert check.returncode == 0, check.stderr[-2000:]
 
     second = _dvc(tmp_path, "repro")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -217,7 +228,7 @@ class DistancePenalty(PositionalScheme):
 }
 #: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
 ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "figures", "retrieval",
-                "bench", "publish"}
+                "bench", "publish", "report"}
 SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
                    "figures/correlations_table.md", "figures/extrapolation.png", "figures/extrapolation.svg",
                    "figures/lm_table.md", "figures/mlm_table.md", "results/correlations.json",
@@ -227,7 +238,8 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "figures/retrieval/reach.png", "figures/retrieval/reach.svg", "figures/retrieval_table.md",
                    "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv",
                    "figures/retrieval/steps.png", "figures/retrieval/steps.svg", "figures/retrieval_steps.md",
-                   "results/retrieval_table.json"} | {f"results/times/{s}.json" for s in ROUTE_STAGES}
+                   "results/retrieval_table.json", "docs/results.md", "README.md"} | {
+                      f"results/times/{s}.json" for s in ROUTE_STAGES - {"report"}}
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -103,6 +103,9 @@ def test_mlm_table_tests_the_question_against_the_list_and_the_best(tmp_path):
     md = tables.mlm_markdown(t)
     assert md.index("| `rope`") < md.index("| `fixed`") < md.index("| `none`")  # best accuracy first
     assert "(best other scheme)" in md
+    causal = tables.mlm_table(tables.mlm_runs([f]), "xpos", ["none"])  # a causal-only scheme in the slot
+    assert causal["tests"] == {} and "`xpos` has no masked-LM runs" in causal["note"]
+    assert "Does `xpos` help? `xpos` has no masked-LM runs" in tables.mlm_markdown(causal)  # the section stays
 
 
 def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root, cache_dir):

@@ -131,10 +131,13 @@ class LMModule(L.LightningModule):
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             (decay if p.dim() >= 2 and "scheme" not in name else no_decay).append(p)
+        # fused where torch has the kernel (CPU, CUDA); elsewhere (MPS) the loop over parameters
+        fused = bool(o.get("fused", False)) and all(p.device.type in ("cpu", "cuda") for p in decay + no_decay)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=o.lr,
             betas=tuple(o.betas),
+            fused=fused or None,
         )
         total = o.get("schedule_steps") or (
             self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 10_000

@@ -191,9 +191,11 @@ def relative_logits(
     return out.masked_fill(dist < 0, 0.0) if causal else out
 
 
-class _ContentBiasTerms:
-    """``terms`` for schemes whose bias is q · (something of i - j): word-word
-    plus word-position (the bias evaluated on the word queries)."""
+class ContentBiasTerms:
+    """``terms`` for a scheme whose bias reads the queries or keys and that adds nothing
+    to the input (Shaw, skew, the fixed bidirectional encoding, or one of your own: mix it
+    in before ``PositionalScheme``): word-word is q · k of the word parts, word-position
+    the bias evaluated on the word queries and keys."""
 
     def terms(self, q_word, k_word, q_posn, k_posn, q_pos, k_pos):
         if q_posn is not None:
@@ -205,7 +207,7 @@ class _ContentBiasTerms:
 # ------------------------------------------------------------------ schemes
 
 
-class Shaw(_ContentBiasTerms, PositionalScheme):
+class Shaw(ContentBiasTerms, PositionalScheme):
     """Learned relative key and value vectors (Shaw, Uszkoreit & Vaswani 2018).
 
     e_ij = q_i · (k_j + a^K_ij) / sqrt(d), z_i = sum_j alpha_ij (v_j + a^V_ij),
@@ -306,7 +308,7 @@ class _ByClippedDistance(torch.autograd.Function):
         return ctx.scheme.per_distance(g, q_pos, k_pos), None, None, None
 
 
-class SkewRelative(_ContentBiasTerms, PositionalScheme):
+class SkewRelative(ContentBiasTerms, PositionalScheme):
     """Shaw-style relative keys computed with the Music Transformer skew
     (Huang et al. 2018, "Music Transformer", section 3.4.1).
 
@@ -417,7 +419,7 @@ class TransformerXL(PositionalScheme):
         }
 
 
-class FixedBidirectional(_ContentBiasTerms, PositionalScheme):
+class FixedBidirectional(ContentBiasTerms, PositionalScheme):
     """Fixed sinusoidal relative logits in both time directions:
     logits_ij += q_i · R_{i-j} / sqrt(d), R the sinusoid (width head_dim) of the
     signed distance i - j, so earlier and later keys differ (sin is odd). This is

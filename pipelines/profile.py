@@ -1,0 +1,147 @@
+"""Profiles: the study under other settings, each a DVC pipeline of its own.
+
+    python -m pipelines.profile wikitext-bytes          # write its dvc.yaml, then dvc repro it
+    python -m pipelines.profile wikitext-bytes --write  # write its dvc.yaml only
+    python -m pipelines.profile --check                 # every committed profile pipeline is current
+
+A profile is a folder ``profiles/<name>/`` with its own ``params.yaml`` (the same keys as
+the default study's). Its ``dvc.yaml`` is made from the project's (``profile_pipeline``),
+so the two never drift apart: every stage runs at the project root (``wdir: ../..``)
+with the profile's params, and writes its results, figures, stage records and runs under
+``profiles/<name>/`` (``results/``, ``figures/``, ``runs/``), its MLflow runs to an
+experiment of its own (``posenc-study-<name>``). Stages that do not depend on the study's
+settings are left out: the benchmark and MiniLM's analysis (the default study has them)
+and the report (which renders a section for every profile that has results). ``dvc repro``
+at the project root does not run a profile; ``dvc status`` lists the stages of a
+profile's pipeline whose code or settings changed since its results were made. Its
+``dvc.lock`` records which code made them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+#: stages of the default study a profile leaves out (their results do not depend on its settings)
+LEFT_OUT = ("bench", "pretrained_correlations", "report")
+#: what a profile writes under its own folder
+OWN = ("results", "figures", "runs")
+EXPERIMENT = "posenc-study"
+HEADER = ("# Made by `python -m pipelines.profile {name}` from the project's dvc.yaml: edit that one (or this\n"
+          "# profile's params.yaml), then run the command again. Run: python -m pipelines.profile {name}\n")
+
+
+def _paths(name: str):
+    """A function that moves a path (or every path in a command) of the study's own
+    outputs and params file under ``profiles/<name>/``."""
+    base = f"profiles/{name}"
+    token = re.compile(r"(?<![\w/.=${}-])((?:%s)(?=[/\s\"]|$)|params\.yaml(?=[\s\"]|$))" % "|".join(OWN))
+
+    def move(text: str) -> str:
+        text = token.sub(lambda m: f"{base}/{m.group(1)}", text)
+        return re.sub(rf"\b{EXPERIMENT}\b(?!-)", f"{EXPERIMENT}-{name}", text)
+
+    return move
+
+
+def _entry(e, move):
+    """A deps/outs/metrics entry (a path, or {path: options}) moved by ``move``."""
+    if isinstance(e, dict):
+        return {move(k): v for k, v in e.items()}
+    return move(e)
+
+
+def _path_of(e) -> str:
+    return next(iter(e)) if isinstance(e, dict) else e
+
+
+def _within(e, paths: set[str]) -> bool:
+    """Whether an entry's path is one of ``paths`` or lies in one of them."""
+    path = _path_of(e)
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths)
+
+
+def profile_pipeline(name: str, pipeline: dict) -> dict:
+    """The profile's pipeline from the project's (``dvc.yaml`` as loaded)."""
+    move = _paths(name)
+    params_file = f"profiles/{name}/params.yaml"
+    stages = pipeline["stages"]
+    dropped = {_path_of(o) for s in LEFT_OUT if s in stages
+               for o in (stages[s].get("do", stages[s]).get("outs") or [])}
+    out = {}
+    for stage, spec in stages.items():
+        if stage in LEFT_OUT:
+            continue
+        spec = dict(spec)
+        body = dict(spec.get("do", spec))
+        cmd = body["cmd"]
+        for path in dropped:  # a stage that lists what a left-out stage makes (publish) leaves it out
+            cmd = re.sub(rf"(?<=\s){re.escape(path)}(?=\s|$)", "", cmd)
+        body["cmd"] = re.sub(r"[ \t]+", " ", move(cmd))
+        for key in ("deps", "outs", "metrics", "plots"):
+            if key in body:
+                body[key] = [_entry(e, move) for e in body[key] if not _within(e, dropped)]
+        keys = [p for p in body.get("params", []) if isinstance(p, str)]
+        if keys:
+            body["params"] = [{params_file: keys}]
+        body = {"wdir": "../..", **body}
+        if "do" in spec:
+            spec["do"] = body
+        else:
+            spec = body
+        out[stage] = spec
+    result = {"stages": out}
+    if "plots" in pipeline:
+        result["plots"] = [_entry(e, move) for e in pipeline["plots"] if not _within(e, dropped)]
+    return result
+
+
+def render(name: str, root: Path = ROOT) -> str:
+    pipeline = yaml.safe_load((root / "dvc.yaml").read_text())
+    body = yaml.safe_dump(profile_pipeline(name, pipeline), sort_keys=False, width=120, allow_unicode=True)
+    return HEADER.format(name=name) + body
+
+
+def profiles(root: Path = ROOT) -> list[str]:
+    return sorted(p.parent.name for p in (root / "profiles").glob("*/params.yaml"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="a profile: a folder profiles/<name>/ with a params.yaml")
+    p.add_argument("--write", action="store_true", help="write the profile's dvc.yaml, run nothing")
+    p.add_argument("--check", action="store_true", help="fail when a committed profile dvc.yaml is not current")
+    p.add_argument("--force", action="store_true", help="dvc repro --force: every stage of the profile")
+    a = p.parse_args(argv)
+    if a.check:
+        stale = [n for n in profiles() if (ROOT / "profiles" / n / "dvc.yaml").exists()
+                 and (ROOT / "profiles" / n / "dvc.yaml").read_text() != render(n)]
+        if stale:
+            print(f"profile pipelines not made from the current dvc.yaml: {', '.join(stale)}; "
+                  f"run python -m pipelines.profile <name> --write", file=sys.stderr)
+            return 1
+        print("profile pipelines: current")
+        return 0
+    known = profiles()
+    if a.name not in known:
+        p.error(f"profile {a.name!r}: no profiles/{a.name}/params.yaml; profiles: {', '.join(known) or 'none'}")
+    target = ROOT / "profiles" / a.name / "dvc.yaml"
+    text = render(a.name)
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+    print(f"wrote {target.relative_to(ROOT)}")
+    if a.write:
+        return 0
+    return subprocess.call(["dvc", "repro", *(["--force"] if a.force else []), str(target.relative_to(ROOT))],
+                           cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
