@@ -130,14 +130,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}"
 
 
+def _spread(cell: dict) -> str:
+    """A cell's mean over seeds ± their sd in %, or the one seed's value (no spread to show)."""
+    return f"{_pct(cell['mean'])} ± {_pct(cell['sd'])}" if cell["n"] > 1 else _pct(cell["mean"])
+
+
 def _seeds(e: dict) -> str:
     n, k = len(e["seeds"]), len(e["reached"])
     return f"{k} of {n}" if k else f"0 of {n} (marked)"
 
 
 def table_markdown(t: dict) -> str:
-    """Exact match (%) by length: mean ± sd over the seeds used, then the pooled trials'
-    interval, the digits at L and at the longest length, the seeds that reached the
+    """Exact match (%) by length: mean ± sd over the seeds used (the value alone for one seed),
+    then the pooled trials' interval, the digits at L and at the longest length, the seeds that reached the
     criterion, and the longest length against ``summary``'s reference scheme."""
     mults = sorted({m for e in t.values() for m in e["lengths"]})
     top = mults[-1]
@@ -149,8 +154,7 @@ def table_markdown(t: dict) -> str:
         head += [f"{label(top)} − `{against}` (95% CI)", "Welch p"]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for s, e in t.items():
-        cells = [("n/a" if m not in e["lengths"] else f"{_pct(e['lengths'][m]['mean'])} ± {_pct(e['lengths'][m]['sd'])}")
-                 for m in mults]
+        cells = ["n/a" if m not in e["lengths"] else _spread(e["lengths"][m]) for m in mults]
         ends = [e["lengths"].get(1), e["lengths"].get(top)]
         interval = ", ".join("n/a" if c is None else f"[{_pct(c['lo'])}, {_pct(c['hi'])}]" for c in ends)
         digits = ["n/a" if c is None else _pct(c["digit_acc"]) for c in ends]
@@ -180,7 +184,7 @@ def steps_markdown(t: dict, criterion: str) -> str:
         e = base[s]
         per = ", ".join(f"s{seed}: " + (str(v) if v is not None else f"cap ({e['cap']})") for seed, v in e["steps"].items())
         got = [e["steps"][x] for x in e["reached"]]
-        ms = "—" if not got else "{:.0f} ± {:.0f}".format(*mean_sd(got))
+        ms = "—" if not got else "{:.0f} ± {:.0f}".format(*mean_sd(got)) if len(got) > 1 else f"{got[0]} (one seed)"
         lines.append(f"| `{s}` | {per} | {ms} | {len(got)} of {len(e['steps'])} |")
     return "\n".join(lines) + "\n"
 
@@ -232,7 +236,7 @@ def plot_grid(df: pd.DataFrame, stem: str | Path, marked: Sequence[str] = ()) ->
     fig.colorbar(im, ax=axes, shrink=0.6, label="exact match (%)")
     seeds = int(df["seed"].nunique())
     fig.suptitle(f"Passkey retrieval: exact match by needle depth and length (trained at L = {L} to the criterion; "
-                 f"mean over up to {seeds} seed{'s' if seeds > 1 else ''})", fontsize=11)
+                 + ("one seed)" if seeds == 1 else f"mean over up to {seeds} seeds)"), fontsize=11)
     return save_figure(fig, stem, bbox_inches="tight")
 
 
@@ -357,8 +361,9 @@ def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[
     rows = [{"ylabel": "passkeys retrieved exactly (%)", "draw": exact, "finish": lambda ax: ax.set_ylim(-3, 103)},
             {"ylabel": "ppl(T) / ppl(L) (log scale)", "draw": ppl, "finish": ppl_axis, "log": True}]
     seeds = max(len(e["seeds"]) for e in t.values())
-    notes = [f"top: retrieval runs trained to the criterion ({seeds} seed{'s' if seeds > 1 else ''} a scheme), mean "
-             "over needle depths and seeds, band: lowest to highest seed; bottom: the causal-LM runs, mean over seeds",
+    notes = [("top: retrieval runs trained to the criterion, one seed a scheme, mean over needle depths" if seeds == 1 else
+              f"top: retrieval runs trained to the criterion ({seeds} seeds a scheme), mean over needle depths and seeds, "
+              "band: lowest to highest seed") + "; bottom: the causal-LM runs, mean over seeds",
              "grey dotted: none (NoPE), the reference in every panel; dashed: a context-extension rule of RoPE"]
     marked = [s for s, e in t.items() if e["marked"]]
     if marked:

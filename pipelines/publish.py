@@ -35,6 +35,7 @@ import argparse
 import hashlib
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,6 +106,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+#: what makes the results besides the data: a change here, not committed, is worth saying
+CODE = ("src", "pipelines", "analysis", "conf", "train.py", "params.yaml", "dvc.yaml", "pyproject.toml")
+
+
+def code_changed(root: Path) -> list[str]:
+    """The files of the code and settings (``CODE``) that differ from the commit, which a
+    repro's own outputs (results, figures, the lock file, the report) never are."""
+    r = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", *CODE], cwd=root, capture_output=True, text=True)
+    return r.stdout.split() if r.returncode == 0 else []
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     a = parse_args(argv)
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     portable = portable_uri(uri, root)
     write_json(a.out, {"run_id": run_id, "experiment_id": exp_id, "experiment": a.experiment, "run_name": run_name,
                        "tracking_uri": portable, "params_sha256": params_sha, "git_commit": git["git_commit"],
-                       "git_dirty": git.get("git_dirty") == "true", "artifacts": artifacts, "linked_runs": len(linked), "missing_runs": len(missing)})
+                       "code_changed": code_changed(root), "artifacts": artifacts, "linked_runs": len(linked), "missing_runs": len(missing)})
     print(f"study run {run_name} ({len(artifacts)} artifacts, {len(linked)} training runs linked): "
           + tracking.how_to_open(portable, exp_id, run_id, "the study's runs"))
     return 0

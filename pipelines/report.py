@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.stats import format_p, mean_sd, verdict, welch
+from analysis.stats import ALPHA, format_p, mean_sd, verdict, welch
 from posenc.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,13 +230,15 @@ def group(compared: dict[str, Comparison]) -> dict[str, list[str]]:
 
 def groups_sentence(groups: dict[str, list[str]], phrases: dict[str, tuple[str, str]], detail=None) -> str:
     """The groups of ``group`` as one clause each, joined by semicolons: ``phrases`` maps a word
-    to its (singular, plural) predicate, ``detail(scheme)`` adds a parenthesis after each name.
+    to its (singular, plural) predicate, ``detail`` (a function of the scheme, or a dict) adds a
+    parenthesis after each name.
     Words without a phrase and empty groups are left out."""
     clauses = []
     for word, (one, many) in phrases.items():
         members = groups.get(word) or []
         if members:
-            shown = [f"`{s}`" + (f" ({detail(s)})" if detail else "") for s in members]
+            describe = detail.get if isinstance(detail, dict) else detail
+            shown = [f"`{s}`" + (f" ({describe(s)})" if detail else "") for s in members]
             listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
             clauses.append(f"{listed} {one if len(members) == 1 else many}")
     return "; ".join(clauses)
@@ -256,6 +258,40 @@ def flat(values: Sequence[float], tolerance: float = 0.05) -> bool:
 def lm_tests(lm: dict) -> dict[str, dict]:
     """Each scheme's ratio ppl(longest)/ppl(L) against the question scheme's (``vs_question``)."""
     return {s: e["vs_question"] for s, e in lm.items() if "vs_question" in e}
+
+
+def tested_at(schemes: dict, multiple: int) -> dict[str, "Comparison"]:
+    """{scheme: its test against the retrieval summary's reference at one length} (``vs`` of
+    ``analysis.retrieval.summary``), for the schemes tested there."""
+    out = {}
+    for name, entry in schemes.items():
+        cell = entry["lengths"].get(str(multiple)) or {}
+        if "vs" in cell:
+            out[name] = judged(cell["vs"])
+    return out
+
+
+def differ(*samples: Sequence[float]) -> dict:
+    """Whether several schemes' per-seed values differ at all: Alexander and Govern's test of
+    equal means, which, like Welch's, does not assume equal variances (``scipy.stats.alexandergovern``).
+    ``{"p": ..., "word": "differ" | "do not differ" | "untested"}``: untested with fewer than two
+    seeds a scheme, or a scheme whose seeds do not vary (the test needs a spread in every group)."""
+    from scipy import stats
+
+    if len(samples) < 2 or any(len(s) < 2 or len(set(s)) < 2 for s in samples):
+        return {"p": None, "word": "untested"}
+    p = float(stats.alexandergovern(*[list(map(float, s)) for s in samples]).pvalue)
+    return {"p": p, "word": "differ" if p < ALPHA else "do not differ"}  # "their means differ"
+
+
+def exact_at(schemes: dict, multiple: int) -> dict[str, str]:
+    """{scheme: its exact match at one length, "mean% ± sd" over seeds (the value alone for one)}."""
+    out = {}
+    for name, entry in schemes.items():
+        cell = entry["lengths"].get(str(multiple))
+        if cell:
+            out[name] = f"{pct(cell['mean'])}%" + (f" ± {pct(cell['sd'])}" if cell["n"] > 1 else "")
+    return out
 
 
 def reached_steps(entry: dict) -> list[int]:
@@ -308,11 +344,13 @@ def mean(values: Sequence[float]) -> float:
     return mean_sd(list(values))[0]
 
 
+FILTERS = {"pct": pct, "num": num,
+           "extract_values": lambda scheme, schemes, multiple: schemes[scheme]["lengths"][str(multiple)]["values"]}
 TESTS = {"reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None,
          "flat_ratio": lambda values: flat(values)}
-HELPERS = {"groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
+HELPERS = {"differ": differ, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
 
@@ -325,6 +363,7 @@ def environment(root: Path):
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                       extensions=["jinja2.ext.do"])
     env.globals.update(HELPERS)
+    env.filters.update(FILTERS)
     env.tests.update(TESTS)
     return env
 
