@@ -122,10 +122,10 @@ def test_runs_tell_themselves_apart(make_cfg, tmp_path):
     ("ckpt_path=last", "ckpt_path=last"),
     ("paths.data_dir=/no/such/folder", "paths.data_dir"),
     ("encoding.scheme.fraction=0.3", "encoding.scheme.fraction"),
-    ("optim.lr=-0.001", "optim.lr=-0.001 must not be negative"),
-    ("optim.lr=abc", "optim.lr=abc is not a number"),
+    ("optim.lr=-0.001", "optim.lr=-0.001 must be a number at least 0"),
+    ("optim.lr=abc", "optim.lr=abc must be a number at least 0"),
     ("optim.betas=[0.9,1.5]", "optim.betas"),
-    ("seed=x", "seed=x must be an integer"),
+    ("seed=x", "seed=x must be a whole number"),
     ("encoding=nope", "encoding=nope is not an option; available: alibi, cape,"),
     ("model.d_model=abc", "model.d_model: Value 'abc' of type 'str' could not be converted to Integer"),
 ])

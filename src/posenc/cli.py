@@ -114,16 +114,50 @@ def _null_groups(args: list[str]) -> list[str]:
     return [f"~{a.split('=', 1)[0]}" if a.endswith("=null") and a.split("=", 1)[0] in groups else a for a in args]
 
 
+def sweep_points(args: list[str]) -> list[list[str]]:
+    """The overrides of every point of a sweep (``-m``), as Hydra's basic sweeper expands them
+    (``encoding=a,b seed=0,1``: four points)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    points = [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
+    return [[o.removesuffix("=null") if o.startswith("~") else o for o in point] for point in points]  # ~logger
+
+
+def precheck(points: list[list[str]]) -> str | None:
+    """One line for the first point whose overrides do not compose or whose settings
+    ``check_config`` refuses; ``None`` when every point passes. Run before Hydra writes anything."""
+    from .config import check_config, compose
+
+    swept = [o for o in {o for point in points for o in point} if sum(o in p for p in points) < len(points)]
+    for i, point in enumerate(points):
+        shown = " ".join(o for o in point if o in swept)
+        where = f"sweep point {i + 1} of {len(points)} ({shown})" if len(points) > 1 else ""
+        message = composition_error(point)
+        if message is None:
+            plain = [o for o in point if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
+            try:
+                check_config(compose(plain))
+            except ConfigError as e:
+                message = f"error: {e}"
+        if message:
+            return message.replace("error: ", f"error: {where}: ", 1) if where else message
+    return None
+
+
 def cli() -> None:
-    """``python train.py``: Hydra's ``main``. A single run whose overrides do not compose
-    stops first with one line (exit 2, as every refusal; nothing is written); sweeps and
-    flags (``-m``, ``--help``) keep Hydra's own handling."""
+    """``python train.py``: Hydra's ``main``. Settings that do not compose, or that the
+    checks refuse, stop first with one line (exit 2, as every refusal), before Hydra writes
+    a run folder; a sweep (``-m``) is checked point by point, so a refused point leaves no
+    multirun folder. Other flags (``--help``) keep Hydra's own handling."""
     sys.argv[1:] = _null_groups(sys.argv[1:])
     if not any(a.lstrip("+~").split("=", 1)[0] == "hydra.job.name" for a in sys.argv[1:]):
         sys.argv.append(f"hydra.job.name={JOB_NAME}")
     args = sys.argv[1:]
-    if not any(a.startswith("-") for a in args):
-        message = composition_error(args)
+    flags = [a for a in args if a.startswith("-")]
+    if not flags or set(flags) <= {"-m", "--multirun"}:
+        message = precheck(sweep_points(args) if flags else [args])
         if message:
             print(message, file=sys.stderr)
             sys.exit(2)

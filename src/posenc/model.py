@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from .attention import Attention, AttentionPlan, plan_attention
 from .encodings.base import PositionalScheme
+from .ranges import Range
 
 
 @dataclass
 class ModelSize:
     """What the ``model`` config group sets; also its Hydra schema, so a wrong
-    type fails at composition, naming the key."""
+    type fails at composition, naming the key, and its fields' ``range`` the values
+    ``posenc.config.check_config`` accepts."""
 
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 512
-    max_len: int = 1024
-    dropout: float = 0.0
+    d_model: int = field(default=128, metadata={"range": Range(1)})
+    n_layers: int = field(default=2, metadata={"range": Range(1)})
+    n_heads: int = field(default=4, metadata={"range": Range(1)})
+    d_ff: int = field(default=512, metadata={"range": Range(1)})
+    max_len: int = field(default=1024, metadata={"range": Range(1)})
+    dropout: float = field(default=0.0, metadata={"range": Range(0, 1, whole=False, high_open=True)})
 
 
 @dataclass

@@ -6,8 +6,10 @@ config checks -> data preparation -> model -> MLflow run -> fit -> artifacts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import warnings
 import shutil
 import time
 from pathlib import Path
@@ -49,9 +51,11 @@ def _plain(value):
 
 
 def run_identity(cfg: DictConfig | dict, tokens_sha256: str | None) -> dict[str, Any]:
-    """What a checkpoint must share with the run that resumes it: the scheme,
-    the model, the objective and the data (corpus, vocabulary and the checksum
-    of its tokens, which changes with the files and with the tokenizer)."""
+    """What a checkpoint must share with the run that resumes it: every setting that
+    changes what is trained (``IDENTITY_KEYS``: the scheme, the model, the task, the data's
+    corpus, vocabulary, window and batch, the optimiser and its schedule, the seed, the
+    precision and gradient settings) and the checksum of the data's tokens, which changes
+    with the files and with the tokenizer. What a resume may change is ``RESUMABLE``."""
     cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     identity = {key: _plain(OmegaConf.select(cfg, key)) for key in IDENTITY_KEYS}
     identity["data.tokens_sha256"] = tokens_sha256
@@ -59,7 +63,16 @@ def run_identity(cfg: DictConfig | dict, tokens_sha256: str | None) -> dict[str,
 
 
 #: settings a checkpoint must share with the run that resumes it (plus the token checksum)
-IDENTITY_KEYS = ("encoding", "model", "task.objective", "data.corpus.name", "data.vocab_size")
+IDENTITY_KEYS = ("encoding", "model", "task", "data.corpus.name", "data.vocab_size", "data.min_frequency",
+                 "data.seq_len", "data.batch_size", "optim", "seed", "trainer.precision",
+                 "trainer.accumulate_grad_batches", "trainer.gradient_clip_val")
+#: what a resume may change, the rest being the run's identity or how it is logged and stored:
+#: the step budget (to extend a run), the criterion, the intervals of validation and logging,
+#: the share of the validation and test splits scored, the device, the console's output
+RESUMABLE = ("trainer.max_steps", "criterion", "trainer.val_check_interval", "trainer.log_every_n_steps",
+             "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.accelerator", "trainer.devices",
+             "trainer.strategy", "trainer.num_nodes", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+             "data.eval_batch_size", "data.num_workers", "test_at_end", "log_checkpoint", "ckpt_path")
 
 
 def identity_differences(have: dict, want: dict) -> list[str]:
@@ -131,7 +144,7 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
                 f"{RunFolder.of(ckpt).path}, differs in {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
         ckpt, info = fitting[0]
-        load_state(ckpt, mmap=True)  # readable (a truncated file is refused here); tensors stay on disk
+        nothing_left(cfg, ckpt)
     else:
         ckpt = Path(cfg.ckpt_path)
         load_state(ckpt, mmap=True)  # there and readable, before its identity is read
@@ -141,7 +154,23 @@ def resolve_resume(cfg: DictConfig, want: dict) -> tuple[Path | None, dict]:
             raise ConfigError(
                 f"checkpoint {ckpt} does not fit this run: {'; '.join(diff)}; {_fitting_runs(runs, want)}"
             )
+        nothing_left(cfg, ckpt)
     return ckpt, info
+
+
+def nothing_left(cfg: DictConfig, ckpt: Path) -> None:
+    """Refuse a resume that would train nothing: the checkpoint is at ``trainer.max_steps`` or
+    past it, or its run stopped at its criterion. Reads the checkpoint's step (memory-mapped,
+    so a truncated file is refused here too), and touches nothing."""
+    step = int(load_state(ckpt, mmap=True).get("global_step", 0))
+    folder = RunFolder.of(ckpt).path
+    if step >= int(cfg.trainer.max_steps):
+        raise ConfigError(f"{folder} is already at step {step}, and trainer.max_steps={cfg.trainer.max_steps}: nothing "
+                          f"to train; give a larger trainer.max_steps to extend it (the run is left as it was)")
+    done = RunFolder(folder).metrics
+    if done.exists() and "criterion_step" in json.loads(done.read_text()) and cfg.get("criterion", {}).get("metric"):
+        raise ConfigError(f"{folder} stopped at its criterion ({cfg.criterion.metric} past {cfg.criterion.value}) at "
+                          f"step {step}: nothing to train; criterion.metric=null trains it on to trainer.max_steps")
 
 
 def schedule_steps(cfg: DictConfig, ckpt: Path | None, info: dict) -> int:
@@ -209,8 +238,8 @@ def build_logger(cfg: DictConfig, run_id: str | None):
     return instantiate(cfg.logger, **kw)
 
 
-#: settings a resumed run may change; logged as tags (which follow the run), not as params
-RESUMABLE_KEYS = ("trainer.max_steps", "ckpt_path")
+#: settings logged as tags (which a resume updates), not as params (which MLflow never changes)
+TAG_KEYS = ("trainer.max_steps", "ckpt_path")
 
 
 def run_note(cfg: DictConfig, overrides: str) -> str:
@@ -253,7 +282,7 @@ def log_run_start(logger, cfg: DictConfig, module: LMModule, resumed: bool, prep
         resolved = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
         counts = module.model.num_parameters()  # params, not a one-point metric chart
         resolved.update({"parameters.total": counts["total"], "parameters.positional": counts["positional"]})
-        logger.log_hyperparams({k: str(v)[:6000] for k, v in resolved.items() if k not in RESUMABLE_KEYS})
+        logger.log_hyperparams({k: str(v)[:6000] for k, v in resolved.items() if k not in TAG_KEYS})
         meta = prepared.meta
         tags.update({
             "encoding": cfg.encoding.name, "task": cfg.task.name, "data": cfg.data.corpus.name,
@@ -295,12 +324,17 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     comes before anything is written; a refusal raises ``ConfigError`` or
     ``DataError``.
     """
-    check_config(cfg)
+    for warning in check_config(cfg):
+        log.warning(warning)
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()  # errors about data surface here, before any run exists
     identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
     ckpt, resumed_meta = resolve_resume(cfg, identity)
     cfg.optim.schedule_steps = schedule_steps(cfg, ckpt, resumed_meta)
+    if ckpt is not None and cfg.trainer.max_steps > cfg.optim.schedule_steps:  # as the MLflow description says
+        log.info("extending %s past its %d-step schedule: it trains on at the schedule's final learning rate "
+                 "(optim.lr x optim.min_lr_ratio = %g) to step %d", RunFolder.of(ckpt).path, cfg.optim.schedule_steps,
+                 cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.trainer.max_steps)
     L.seed_everything(cfg.seed, workers=True)
     module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
     if cfg.get("init_from"):
@@ -343,7 +377,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             meta = {"run_name": cfg.run_name, "mlflow_run_id": run_id, "encoding": cfg.encoding.name,
                     "identity": identity, "schedule_steps": cfg.optim.schedule_steps}
             write_json(run.run_json, meta)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
+        with warnings.catch_warnings():
+            if ckpt is not None:  # continuing in the run's own folder is what a resume does, not a mistake
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if criterion is not None and criterion.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
             metrics["criterion_step"] = trainer.global_step
