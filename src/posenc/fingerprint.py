@@ -60,6 +60,7 @@ STUDY_CORE = (
     "src/posenc/machine.py",
     "src/posenc/model.py",
     "src/posenc/module.py",
+    "src/posenc/ranges.py",
     "src/posenc/retrieval.py",
     "src/posenc/runs.py",
     "src/posenc/tracking.py",
