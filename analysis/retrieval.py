@@ -93,10 +93,11 @@ def used(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["reached"] | ~any_reached]
 
 
-def summary(runs: pd.DataFrame, against: str | None = "none") -> dict:
+def summary(runs: pd.DataFrame, against: str | None = "none", cap: int | None = None) -> dict:
     """Per scheme (see the module doc): ``seeds``, ``reached`` (the seeds that reached the
     criterion), ``marked`` (none did: the numbers are over all seeds), ``steps`` (per seed,
-    None when the cap came first), ``cap`` and ``lengths`` {multiple: mean, sd, n, values,
+    None when the cap came first), ``cap`` (the step cap the runs were given; without it, the
+    most steps a run of the scheme trained) and ``lengths`` {multiple: mean, sd, n, values,
     lo, hi (pooled Wilson), digit_acc, needle_attention, vs (Welch against ``against``)}."""
     out = {}
     chosen = used(runs)
@@ -116,7 +117,7 @@ def summary(runs: pd.DataFrame, against: str | None = "none") -> dict:
                                "needle_attention": float(g["needle_attention"].mean())}
         out[scheme] = {"seeds": sorted(steps), "reached": sorted(s for s, v in steps.items() if v is not None),
                        "marked": all(v is None for v in steps.values()), "steps": steps,
-                       "cap": int(first["steps"].max()), "lengths": lengths}
+                       "cap": int(cap if cap is not None else first["steps"].max()), "lengths": lengths}
     if against in out:
         for scheme, e in out.items():
             for m, cell in e["lengths"].items():
@@ -377,8 +378,9 @@ def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[
 
 
 def plot_steps(t: dict, stem: str | Path, criterion: str) -> list[Path]:
-    """Steps to the criterion, a row per scheme (fastest first): each seed a dot, a run
-    that reached the cap first a cross at the cap."""
+    """Steps to the criterion, a row per scheme (fastest first): each seed a dot (the seeds of
+    a scheme a little apart, so that equal steps show), a run that reached the cap first a
+    cross at the cap (dashed)."""
     import matplotlib.pyplot as plt
 
     from posenc.files import save_figure
@@ -393,9 +395,13 @@ def plot_steps(t: dict, stem: str | Path, criterion: str) -> list[Path]:
         got = [v for v in base[s]["steps"].values() if v is not None]
         missed = sum(v is None for v in base[s]["steps"].values())
         color = st[s].line_kws()["color"]
-        ax.scatter(got, [y] * len(got), s=30, color=color, edgecolor="white", linewidth=0.6, zorder=3)
+        seeds = len(base[s]["steps"])
+        offset = lambda i: 0.25 * (i - (seeds - 1) / 2) / max(1, seeds - 1)  # noqa: E731 -- seeds side by side
+        ax.scatter(got, [y + offset(i) for i in range(len(got))], s=30, color=color, edgecolor="white", linewidth=0.6,
+                   zorder=3)
         if missed:
-            ax.scatter([base[s]["cap"]] * missed, [y] * missed, s=40, marker="x", color=color, zorder=3)
+            ax.scatter([base[s]["cap"]] * missed, [y + offset(len(got) + i) for i in range(missed)], s=40, marker="x",
+                       color=color, zorder=3)
     ax.axvline(cap, color="0.4", ls="--", lw=1)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--criterion", type=float, default=0.9,
                    help="the exact match at L the retrieval runs were trained to (figure and table labels)")
     p.add_argument("--against", default="none", help="the scheme every other is tested against at the longest length")
+    p.add_argument("--cap", type=int, help="the step cap of the retrieval runs (default: the most steps a run trained)")
     p.add_argument("--json", required=True, help="the summary as JSON")
     p.add_argument("--reach", nargs="+", required=True, help="results/reach/<scheme>.csv files")
     p.add_argument("--extrapolation", nargs="+", required=True, help="results/extrapolation/<scheme>.csv files")
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     every = retrieval.read_csvs(list(per_scheme(a.results, schemes, "retrieval results").values()))
     studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
     runs = retrieval.per_run(every, retrieval.run_records(studies))
-    t = retrieval.summary(runs, a.against)
+    t = retrieval.summary(runs, a.against, a.cap)
     chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
     grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
     reach_rows = retrieval.read_csvs(list(per_scheme(a.reach, schemes, "attention reach").values()))
