@@ -26,7 +26,9 @@ it from the original (it computes the same values). A listed mutant whose change
 line no longer matches is reported as stale: its verdict must be looked at again.
 
 Score = killed / (mutants in scope - equivalent ones); the report also counts
-survivors, timeouts and mutants no test reaches, and writes ``docs/mutation.md``.
+survivors, timeouts and mutants no test reaches, gives the score per part (the old
+scope together, then each file of the new scope, ``parts_table``), and writes
+``docs/mutation.md``.
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+#: the scope judged before the retrieval, reach, statistics and tables code joined it
+OLD_SCOPE = ("posenc.encodings.*", "posenc.attention.*", "posenc.evaluate.*", "posenc.data.xǁMaskedWindowsǁ*")
 SCOPE = (
-    "posenc.encodings.*", "posenc.attention.*", "posenc.evaluate.*", "posenc.data.xǁMaskedWindowsǁ*",
+    *OLD_SCOPE,
     # what turns runs into the retrieval and reach claims, and the statistics of every table
     "posenc.retrieval.*", "analysis.reach.*", "analysis.stats.*", "pipelines.tables.*", "pipelines.gather.*",
     *(f"analysis.retrieval.x_{f}__mutmut_*" for f in ("run_records", "base_scheme", "per_run", "used", "summary",
-                                                       "_pct", "_seeds", "table_markdown", "steps_markdown")),
+                                                       "_pct", "_spread", "_seeds", "table_markdown",
+                                                       "steps_markdown")),
 )
 EQUIVALENT = REPO / "tests" / "mutation_equivalent.txt"
 REPORT = REPO / "docs" / "mutation.md"
@@ -103,10 +108,15 @@ def results() -> dict[str, str]:
 
 def source_of(name: str) -> Path:
     """The file a mutant belongs to (``posenc.encodings.position_bias.x...`` -> src/posenc/encodings/position_bias.py,
-    ``analysis.reach.x...`` -> analysis/reach.py)."""
-    module = name.split(".x", 1)[0] if ".x" in name else name.rsplit(".", 1)[0]
-    parts = module.split(".")
-    return Path(*(["src"] if parts[0] == "posenc" else []), *parts).with_suffix(".py")
+    ``analysis.reach.x...`` -> analysis/reach.py): the module is every dotted part before the
+    mangled function (``x_<function>`` or ``xǁ<class>ǁ<method>``), so a module whose own name
+    starts with x (``posenc.encodings.xpos``) is kept whole."""
+    parts = name.split(".")
+    at = next((i for i, p in enumerate(parts) if p.startswith(("x_", "xǁ"))), len(parts) - 1)
+    module = parts[:at]
+    if (REPO / "src" / module[0]).is_dir():  # the package under src/ (mutmut strips "src." from the name)
+        module = ["src", *module]
+    return Path(*module).with_suffix(".py")
 
 
 def diff_of(name: str) -> tuple[list[str], list[str]]:
@@ -147,6 +157,27 @@ def device_only(name: str) -> bool:
     return "device" in removed[0] and strip(removed[0]) == strip(added[0])
 
 
+#: the arguments of argparse that only document a command line: what ``--help`` and the usage line say
+_DOC = re.compile(r"""\b(?:help|prog|description|epilog)=(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[\w.]+)"""
+                  r"|\bformatter_class=(?!None\b)[\w.]+")
+
+
+def help_only(name: str) -> bool:
+    """Whether the mutant changes nothing but the documentation of a command line: an
+    argparse ``help=``, ``prog=``, ``description=`` or ``epilog=`` changed, set to None or left
+    out, or ``formatter_class=`` left out (not set to None, which breaks every usage message).
+    What the command reads and computes is the same; only the text of ``--help`` differs,
+    whose wording, like that of errors and log lines, the score does not measure."""
+    removed, added = diff_of(name)
+    before, after = " ".join(removed), " ".join(added)
+    if not removed or before == after:
+        return False
+    if not re.search(r"ArgumentParser\(|add_argument\(|^(help|prog|description|epilog|formatter_class)=", before):
+        return False
+    norm = lambda ln: re.sub(r",+", ",", _DOC.sub("", ln).replace(" ", "")).replace(",)", ")").replace("(,", "(")  # noqa: E731
+    return norm(before) == norm(after)
+
+
 def load_equivalent(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
     """Blocks of three lines: the mutant's name, ``+ <changed line>``, ``why: <reason>``."""
     out, lines = {}, [ln.rstrip("\n") for ln in path.read_text().splitlines()] if path.exists() else []
@@ -159,22 +190,71 @@ def load_equivalent(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
     return out
 
 
+def part_of(name: str) -> str:
+    """The part of the scope a mutant is counted in: ``old scope`` (``OLD_SCOPE``), or its file."""
+    if any(fnmatch.fnmatch(name, p) for p in OLD_SCOPE):
+        return "old scope"
+    return source_of(name).as_posix()
+
+
+def parts_table(status: dict[str, str], equivalent: set[str]) -> list[str]:
+    """The score per part (``part_of``): the old scope, then each file of the new scope, then the
+    new scope together; each with its mutants, the killed, the equivalent, the rest (survived,
+    no test reached it, or listed as equivalent with a stale line) and killed / (mutants - equivalent)."""
+    counts: dict[str, list[int]] = {}
+    for n, s in status.items():
+        c = counts.setdefault(part_of(n), [0, 0, 0, 0])
+        c[0] += 1
+        if s in KILLED:
+            c[1] += 1
+        elif n in equivalent:
+            c[2] += 1
+        else:
+            c[3] += 1
+    new = [k for k in counts if k != "old scope"]
+    rows = [k for k in ("old scope",) if k in counts] + sorted(new)
+    new_total = [sum(counts[k][i] for k in new) for i in range(4)]
+
+    def row(label: str, c: list[int]) -> str:
+        judged = c[0] - c[2]
+        score = f"{100 * c[1] / judged:.1f}%" if judged else "—"
+        return f"| {label} | {c[0]} | {c[1]} | {c[2]} | {c[3]} | {score} |"
+
+    out = ["## Score per part", "",
+           "| part | mutants | killed | equivalent | not killed | score |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    out += [row("old scope (encodings, attention, evaluate, MaskedWindows)" if k == "old scope" else f"`{k}`",
+                counts[k]) for k in rows]
+    if new:
+        out.append(row("**new scope together**", new_total))
+    return out
+
+
+def commit() -> str:
+    """The commit the report is written at, with ``+changes`` if the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO).returncode != 0
+    return head.stdout.strip() + (" +changes" if dirty else "")
+
+
 def report(status: dict[str, str]) -> tuple[str, dict]:
     equivalent = load_equivalent()
     survived = sorted(n for n, s in status.items() if s not in KILLED)
-    equiv_ok, by_device, stale, open_ = [], [], [], []
+    equiv_ok, by_device, by_help, stale, open_ = [], [], [], [], []
     for n in survived:
         e = equivalent.get(n)
         if e is not None:
             (equiv_ok if changed_line(n) == e.line else stale).append(n)
         elif device_only(n):
             by_device.append(n)
+        elif help_only(n):
+            by_help.append(n)
         else:
             open_.append(n)
     killed = sum(1 for s in status.values() if s in KILLED)
-    denominator = len(status) - len(equiv_ok) - len(by_device)
+    denominator = len(status) - len(equiv_ok) - len(by_device) - len(by_help)
     score = killed / denominator if denominator else float("nan")
-    counts = {"mutants": len(status), "killed": killed, "equivalent": len(equiv_ok) + len(by_device),
+    counts = {"mutants": len(status), "killed": killed, "equivalent": len(equiv_ok) + len(by_device) + len(by_help),
               "survived": len(open_),
               "stale": len(stale), "score": score}
     by_status: dict[str, int] = {}
@@ -182,13 +262,16 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
         by_status[s] = by_status.get(s, 0) + 1
     lines = [
         "# Mutation score", "",
-        "`python -m tests.mutation` (mutmut; scope and settings in `tests/mutation.py` and `pyproject.toml`).", "",
+        "`python -m tests.mutation` (mutmut; scope and settings in `tests/mutation.py` and `pyproject.toml`),",
+        f"written at commit `{commit()}`.", "",
         f"- mutants in scope: {len(status)} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items()))})",
         f"- killed (a test fails, or it times out): {killed}",
         f"- equivalent, listed in `tests/mutation_equivalent.txt` with the reason (its line checked): {len(equiv_ok)}",
         f"- equivalent on CPU, found by rule (only a `device=` changes; `device_only`): {len(by_device)}",
+        f"- equivalent by rule, only the text of a command's `--help` changes (`help_only`): {len(by_help)}",
         f"- survived, not listed: {len(open_)}; listed but the line changed (stale): {len(stale)}",
         f"- **score: {killed} / {denominator} = {100 * score:.1f}%** of the non-equivalent mutants", "",
+        *parts_table(status, set(equiv_ok) | set(by_device) | set(by_help)), "",
     ]
     if open_ or stale:
         lines += ["## Survivors to look at", ""]
@@ -197,6 +280,7 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
     lines += [f"| `{n}` | `{equivalent[n].line}` | {equivalent[n].why} |" for n in equiv_ok]
     lines += [f"| `{n}` | `{changed_line(n)}` | only the device changes (CPU) |"  # noqa: E501
               for n in by_device]
+    lines += [f"| `{n}` | `{changed_line(n)}` | only the text of `--help` changes |" for n in by_help]
     return "\n".join(lines) + "\n", counts
 
 
@@ -223,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         listed = load_equivalent()
         todo = [n for n, code in verdicts().items()
                 if code in (None, 33)  # not judged, or no test ran it
-                or (a.survivors and code == 0 and n not in listed and not device_only(n))]  # fmt: skip
+                or (a.survivors and code == 0 and n not in listed and not device_only(n)
+                    and not help_only(n))]  # fmt: skip
         if todo:
             run(todo, a.max_children)
     text, counts = report(results())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -319,13 +321,14 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
     assert record["task"] == "retrieval" and record["eval_s"] > 0 and "rows" not in record
 
 
-@pytest.mark.parametrize("setting,match", [("data.seq_len=8", "a window of 8 tokens cannot hold"),
-                                           ("task.digits=11", "at most 10"), ("task.needles=0", "at least one")])
+@pytest.mark.parametrize("setting,match", [("data.seq_len=8", "task=retrieval with .*a window of 8 tokens cannot hold"),
+                                           ("task.digits=11", "task.digits=11 must be .*at most 10"),
+                                           ("task.needles=0", "task.needles=0 must be .*at least 1")])
 def test_a_window_that_cannot_be_built_is_refused_before_anything_is_written(make_cfg, setting, match):
     from posenc.errors import ConfigError
     from posenc.config import check_config
 
-    with pytest.raises(ConfigError, match=f"task=retrieval with .*{match}"):
+    with pytest.raises(ConfigError, match=match):
         check_config(make_cfg("task=retrieval", setting))
     check_config(make_cfg("task=retrieval", "data.seq_len=13"))  # 1 needle of 5 digits, its query and 1 filler token
 
@@ -515,3 +518,447 @@ def test_a_criterion_that_cannot_work_is_refused(make_cfg, settings, match):
         check_config(make_cfg("task=retrieval", *settings))
     with pytest.raises(ConfigError, match="val/exact is not validated by task=lm; choose one of val/loss, val/ppl"):
         check_config(make_cfg("task=lm", "criterion.metric=val/exact", "criterion.value=0.9"))
+
+
+# ---------------------------------------------------------------- windows, by hand
+def test_a_hand_built_window_holds_each_part_where_the_layout_says():
+    """``build`` on a numbered filler: needle n (its key, then its value) goes right before
+    filler token ``starts[n]``, the query marker follows the filler, then the queries in
+    ``order``. The input is the sequence but its last token; the target is -100 except at
+    the positions whose next token is a queried value digit, where it holds that digit."""
+    layout = rt.Layout(24, 2, 2)  # 2 needles of 2 digits: 13 fixed tokens, 12 filler
+    assert (layout.fixed, layout.filler, layout.scored) == (13, 12, 5)
+    filler = np.arange(100, 112)
+    d, q = DIGIT_IDS, SYM.query
+    values = np.array([[d[1], d[2]], [d[3], d[4]]])
+    ka, kb = SYM.keys[0], SYM.keys[5]
+    x, y = rt.build(filler, [2, 7], values, [ka, kb], [1, 0], SYM, layout)
+    seq = [100, 101, ka, d[1], d[2], 102, 103, 104, 105, 106, kb, d[3], d[4], 107, 108, 109, 110, 111,
+           q, kb, d[3], d[4], ka, d[1], d[2]]
+    assert x.tolist() == seq[:-1] and x.dtype == y.dtype == torch.long  # class ids, as cross-entropy takes them
+    want = [rt.IGNORE] * 24
+    want[19], want[20], want[22], want[23] = d[3], d[4], d[1], d[2]  # the query key and first digit predict the next
+    assert y.tolist() == want
+    # needles at the very start and right before the query marker, queried in their own order
+    x, y = rt.build(filler, [0, 12], values, [ka, kb], [0, 1], SYM, layout)
+    seq = [ka, d[1], d[2], *range(100, 112), kb, d[3], d[4], q, ka, d[1], d[2], kb, d[3], d[4]]
+    assert x.tolist() == seq[:-1]
+    assert [t for t in y.tolist() if t != rt.IGNORE] == [d[1], d[2], d[3], d[4]]
+    assert (y != rt.IGNORE).nonzero().flatten().tolist() == [19, 20, 22, 23]
+
+
+def test_layout_sizes_by_hand():
+    """fixed = 2 x needles x (1 + digits) + 1 (each needle twice: in the text and in the
+    query block; the query marker), filler = length + 1 - fixed, scored = the query block
+    but its first key. The limits are inclusive: 10 digits in all, no filler at all, one digit."""
+    lay = rt.Layout(40, 2, 4)
+    assert (lay.fixed, lay.filler, lay.scored) == (21, 20, 9)
+    assert rt.Layout(12, 1, 5).filler == 0  # the needle and its query alone
+    assert (rt.Layout(16, 1, 1).fixed, rt.Layout(16, 1, 1).filler) == (5, 12)
+    assert rt.Layout(64, 2, 5).scored == 11 and rt.Layout(64, 5, 2).scored == 14
+    with pytest.raises(DataError, match="at most 10"):
+        rt.Layout(64, 1, 11)
+    with pytest.raises(DataError, match="at least one"):
+        rt.Layout(64, 1, 0)
+
+
+def test_symbols_take_as_many_keys_as_asked_and_the_filler_is_int64():
+    """With more unused tokens than needed, the markers are the lowest ones: the query
+    marker, then ``n_keys`` keys and no more; the filler's ids are int64 whatever the
+    corpus's array type (prepared corpora are uint16)."""
+    sym = rt.task_symbols(STRINGS, SPLITS, [0, 1, 2, 3], 2)
+    assert sym.query == UNUSED[0] and sym.keys == tuple(UNUSED[1:3])
+    assert rt.task_symbols(STRINGS, SPLITS, [0, 1, 2, 3], 8) == SYM  # exactly as many unused tokens as needed
+    filler = rt.filler_stream(SPLITS[1].astype(np.uint16), STRINGS)
+    assert filler.dtype == np.int64
+    np.testing.assert_array_equal(filler, FILLER)
+
+
+def test_a_filler_just_long_enough_is_used_whole_and_one_token_more_gives_both_spans():
+    """The filler span is drawn among every start that fits: a filler of exactly
+    ``layout.filler`` tokens is one span, used whole and in order, in every window; with
+    one token more both spans (from the first and from the second token) occur, and no
+    other; one token less is refused."""
+    layout = rt.Layout(20, 1, 5)  # 8 filler tokens
+    exact = rt.RetrievalExamples(np.arange(100, 108), SYM, layout, 0)
+    for g in range(30):
+        x, _ = exact[g]
+        assert x.shape == (20,) and [t for t in x.tolist() if t >= 100] == list(range(100, 108))
+    longer = rt.RetrievalExamples(np.arange(100, 109), SYM, layout, 0)
+    firsts = {[t for t in longer[g][0].tolist() if t >= 100][0] for g in range(60)}
+    assert firsts == {100, 101}
+    with pytest.raises(DataError, match="fewer than a window's 8"):
+        rt.RetrievalExamples(np.arange(100, 107), SYM, layout, 0)
+
+
+def test_a_needle_lands_uniformly_on_every_place_of_the_filler():
+    """A training window's needle goes before any of the F filler tokens or after the
+    last (F + 1 places, 0 .. F), each equally often: F = 2 here, so about a third of
+    900 windows at each place."""
+    layout = rt.Layout(14, 1, 5)
+    assert layout.filler == 2
+    ex = rt.RetrievalExamples(FILLER, SYM, layout, 0)
+    places = [x.index(x[-5]) for x in (ex[g][0].tolist() for g in range(900))]  # where the queried key first is
+    counts = [places.count(p) for p in range(3)]
+    assert sum(counts) == 900 and all(240 < c < 360 for c in counts), counts
+
+
+def test_two_needles_have_distinct_keys_in_text_order_and_every_query_order():
+    """The needles of a window use different keys (a key names one value); they sit in
+    ascending order in the text, and both query orders occur."""
+    layout = rt.Layout(40, 2, 4)
+    ex = rt.RetrievalExamples(FILLER, SYM, layout, 1)
+    orders = set()
+    for g in range(200):
+        x = ex[g][0].tolist()
+        keys = [t for t in x[: x.index(SYM.query)] if t in SYM.keys]
+        assert len(keys) == 2 and keys[0] != keys[1]
+        queried = [t for t in x[x.index(SYM.query) :] if t in SYM.keys]
+        assert sorted(queried) == sorted(keys)
+        orders.add(tuple(queried) == tuple(keys))
+    assert orders == {True, False}
+
+
+def test_the_default_seed_is_0_and_fixed_examples_are_the_first_windows():
+    """``RetrievalExamples`` without a seed is seed 0; ``FixedExamples(base, n)`` holds
+    n windows, window i being the base's window i."""
+    layout = rt.Layout(32, 1, 5)
+    base = rt.RetrievalExamples(FILLER, SYM, layout, 0)
+    default = rt.RetrievalExamples(FILLER, SYM, layout)
+    assert all(torch.equal(default[g][0], base[g][0]) for g in range(3))
+    fixed = rt.FixedExamples(base, 5)
+    assert len(fixed) == 5
+    for i in range(5):
+        assert all(torch.equal(a, b) for a, b in zip(fixed[i], base[i]))
+
+
+def test_a_trial_of_three_digits():
+    """A trial's value has ``digits`` digits, all scored, all distinct."""
+    x, y = rt.trial(FILLER, SYM, 30, 0.5, 3, seed=0, i=2)
+    scored = (y != rt.IGNORE).nonzero().flatten().tolist()
+    assert scored == [27, 28, 29] and len(set(y[scored].tolist())) == 3
+    assert x[26].item() == SYM.query and x[27].item() in SYM.keys and x.tolist().count(x[27].item()) == 2
+
+
+# ---------------------------------------------------------------- scoring
+def test_wilson_without_trials_and_at_the_ends():
+    """No trials: the whole [0, 1]; all or none right: the interval ends exactly at 1 or 0
+    and holds the share."""
+    assert rt.wilson(0, 0) == (0.0, 1.0)
+    for n in range(1, 120):
+        assert 1 - 1e-12 < rt.wilson(n, n)[1] <= 1.0 and 0.0 <= rt.wilson(0, n)[0] < 1e-12
+        lo, hi = rt.wilson(n // 3, n)
+        assert 0.0 <= lo <= (n // 3) / n <= hi <= 1.0
+
+
+class Fixed(torch.nn.Module):
+    """Returns given logits for the answer positions and records what it was asked for."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits, self.asked = logits, []
+
+    def forward(self, idx, last=None):
+        self.asked.append((tuple(idx.shape), last))
+        return self.logits
+
+
+def test_score_batch_by_hand():
+    """Exact match and digits right of three windows of 3-digit answers, under teacher
+    forcing: all three right; the middle one wrong; all wrong. The model is asked for the
+    last ``digits`` positions alone."""
+    V = 12
+    y = torch.full((3, 8), rt.IGNORE)
+    y[:, 5:] = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    guess = torch.tensor([[1, 2, 3], [4, 0, 6], [0, 0, 0]])
+    model = Fixed(torch.nn.functional.one_hot(guess, V).float())
+    exact, right = rt.score_batch(model, torch.zeros(3, 8, dtype=torch.long), y, 3)
+    assert exact.tolist() == [True, False, False] and right.tolist() == [3, 2, 0]
+    assert model.asked == [((3, 8), 3)]
+
+
+def test_batch_tokens_follow_the_kind_of_attention():
+    """Tokens per evaluation batch: 16384 for a position-only bias (ALiBi, T5), 1024 for a
+    content bias (Shaw), 4096 without a bias (RoPE, NoPE) and for a stand-in model."""
+    from posenc.config import build_model, compose
+
+    got = {s: rt.batch_tokens_for(build_model(compose([f"encoding={s}", "model=micro", "task=lm"]), 64))
+           for s in ("alibi", "t5_bias", "shaw", "rope", "none")}
+    assert got == {"alibi": 16384, "t5_bias": 16384, "shaw": 1024, "rope": 4096, "none": 4096}
+    assert rt.batch_tokens_for(Copier()) == 4096
+
+
+class Counting(Copier):
+    """The copier, recording the size of every batch it scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches, self.lasts = [], []
+
+    def forward(self, idx, last=None):
+        self.batches.append(idx.shape[0])
+        self.lasts.append(last)
+        return super().forward(idx, last)
+
+
+def test_the_grid_rows_in_order_and_its_batches():
+    """One row per (length, depth), length by length, each with every column; a batch
+    holds batch_tokens // length windows (at least one), and by default the model's
+    ``batch_tokens_for``; a cell may have a single trial."""
+    m = Counting()
+    rows = rt.evaluate_grid(m, FILLER, SYM, [24, 64], depths=[0.0, 1.0], digits=5, seed=0, trials=3)
+    lo, hi = rt.wilson(3, 3)
+    assert rows == [{"length": L, "depth": d, "trials": 3, "exact_match": 1.0, "exact_lo": lo, "exact_hi": hi,
+                     "digit_acc": 1.0, "note": ""} for L in (24, 64) for d in (0.0, 1.0)]
+    assert m.batches == [3, 3, 3, 3]  # 4096 // 64 = 64 windows fit
+    m = Counting()
+    rt.evaluate_grid(m, FILLER, SYM, [24], depths=[0.5], trials=10, batch_tokens=24 * 4)
+    assert m.batches == [4, 4, 2] and m.lasts == [5, 5, 5]  # 5 answer digits by default
+    m = Counting()
+    rt.evaluate_grid(m, FILLER, SYM, [24], depths=[0.5], trials=3, batch_tokens=10)
+    assert m.batches == [1, 1, 1]
+    m = Counting()  # a model with a content bias: 1024 tokens a batch by default
+    m.blocks = [SimpleNamespace(attn=SimpleNamespace(scheme=SimpleNamespace(has_bias=True, position_only_bias=False)))]
+    rt.evaluate_grid(m, FILLER, SYM, [24], depths=[0.5], trials=50)
+    assert m.batches == [42, 8]
+    (one,) = rt.evaluate_grid(Copier(), FILLER, SYM, [24], depths=[0.5], trials=1)
+    assert one["trials"] == 1 and one["exact_match"] == 1.0 and (one["exact_lo"], one["exact_hi"]) == rt.wilson(1, 1)
+    # the trials are those of seed 0 unless told
+    half = [rt.evaluate_grid(HalfCopier(), FILLER, SYM, [24], depths=[0.5], trials=60, **kw)[0]["exact_match"]
+            for kw in ({}, {"seed": 0}, {"seed": 1})]
+    assert half[0] == half[1] != half[2]
+
+
+def test_a_length_not_applicable_is_a_row_of_its_own_and_the_grid_goes_on():
+    """A length the model cannot represent, first in the list, gets one row per depth with
+    no trials, NaN scores and the reason; the lengths after it are scored."""
+    class Short(Copier):
+        def check_length(self, length):
+            if length > 24:
+                raise ValueError("longer than the table")
+
+    rows = rt.evaluate_grid(Short(), FILLER, SYM, [48, 24], depths=[0.0, 0.5], digits=5, trials=2)
+    assert [(r["length"], r["depth"], r["trials"]) for r in rows] == [(48, 0.0, 0), (48, 0.5, 0), (24, 0.0, 2),
+                                                                      (24, 0.5, 2)]
+    na = rows[0]
+    assert set(na) == {"length", "depth", "trials", "exact_match", "exact_lo", "exact_hi", "digit_acc", "note"}
+    assert all(math.isnan(na[k]) for k in ("exact_match", "exact_lo", "exact_hi", "digit_acc"))
+    assert na["note"] == "not applicable: longer than the table"
+    assert rows[2]["exact_match"] == 1.0 and rows[2]["note"] == ""
+
+
+def test_the_grid_shows_a_progress_bar_only_when_asked(capsys):
+    """``progress=True`` draws a bar named "retrieval grid" (on stderr); by default nothing."""
+    rt.evaluate_grid(Copier(), FILLER, SYM, [24], depths=[0.5], trials=2)
+    assert capsys.readouterr().err == ""
+    rt.evaluate_grid(Copier(), FILLER, SYM, [24], depths=[0.5], trials=2, progress=True)
+    assert re.search(r"(^|\r)retrieval grid: ", capsys.readouterr().err)
+
+
+def test_write_rows_writes_the_columns_in_order(tmp_path):
+    """Rows as CSV with exactly the given columns, in order (keys outside them dropped),
+    '\\n' line ends and no index; no rows give the header alone (the grid's columns by default)."""
+    path = rt.write_rows([{"depth": 0.5, "length": 8, "note": "", "extra": 1}, {"length": 16, "depth": 1.0,
+                                                                               "note": "x"}],
+                         tmp_path / "a.csv", columns=("length", "depth", "note"))
+    assert path == tmp_path / "a.csv"
+    assert path.read_bytes() == b"length,depth,note\n8,0.5,\n16,1.0,x\n"
+    assert rt.write_rows([], tmp_path / "b.csv").read_text() == ",".join(rt.GRID_COLUMNS) + "\n"
+
+
+def test_the_task_on_a_prepared_corpus(make_cfg):
+    """``Task`` on the default corpus: every token's string, the tokens of each split,
+    digits that are the tokens "0" .. "9", markers found in no split and no special token,
+    each split's filler (made once) and windows of the task's layout and seed."""
+    from hydra.utils import instantiate
+
+    from posenc.data import SPLITS as DATA_SPLITS
+    from posenc.data import load_tokenizer
+
+    dm = instantiate(make_cfg("task=retrieval").data)
+    dm.prepare_data()
+    prepared = dm.prepared
+    task = rt.Task(prepared, digits=4, needles=2)
+    tok = load_tokenizer(prepared.tokenizer_path)
+    assert len(task.strings) == tok.get_vocab_size()
+    assert all(tok.token_to_id(s) == i for i, s in enumerate(task.strings))
+    assert set(task.tokens) == set(DATA_SPLITS)
+    for s in DATA_SPLITS:
+        np.testing.assert_array_equal(task.tokens[s], prepared.tokens(s))
+    assert [task.strings[i] for i in task.sym.digits] == list("0123456789")
+    markers = [task.sym.query, *task.sym.keys]
+    assert len(markers) == 1 + rt.Task.N_KEYS == len(set(markers))
+    assert not np.isin(markers, np.concatenate([np.asarray(t) for t in task.tokens.values()])).any()
+    assert not set(markers) & set(prepared.meta["special_ids"].values())
+    filler = task.filler("validation")
+    assert filler is task.filler("validation")
+    np.testing.assert_array_equal(filler, rt.filler_stream(prepared.tokens("validation"), task.strings))
+    ex = task.examples("validation", 48, 3)
+    assert ex.layout == rt.Layout(48, 2, 4) and ex.seed == 3 and ex.sym == task.sym and ex.filler is filler
+    assert (task.digits, task.needles) == (4, 2)
+    default = rt.Task(prepared)
+    assert (default.digits, default.needles) == (5, 1)
+
+
+# ---------------------------------------------------------------- the summary's statistics and tables
+def test_run_records_keep_the_retrieval_runs_with_their_criterion_step():
+    """One record per retrieval run (other tasks left out): scheme, seed and steps as
+    ints, the criterion step, NaN when the cap came first (in a study where no run reached
+    it too); no retrieval run at all gives the columns alone."""
+    from analysis import retrieval as summary
+
+    r = summary.run_records([
+        {"runs": [{"scheme": "a", "task": "retrieval", "seed": "1", "global_step": "300", "criterion_step": 200},
+                  {"scheme": "a", "task": "lm", "seed": 0, "global_step": 50}]},
+        {"runs": [{"scheme": "b", "task": "retrieval", "seed": 0, "global_step": 4000}]}])
+    assert list(r.columns) == ["scheme", "seed", "steps", "criterion_step"]
+    (a, b) = r.to_dict("records")
+    assert a == {"scheme": "a", "seed": 1, "steps": 300, "criterion_step": 200}
+    assert (b["scheme"], b["seed"], b["steps"]) == ("b", 0, 4000) and math.isnan(b["criterion_step"])
+    capped = summary.run_records([{"runs": [{"scheme": "b", "task": "retrieval", "seed": 0, "global_step": 9}]}])
+    assert math.isnan(capped["criterion_step"].iloc[0])
+    empty = summary.run_records([{"runs": [{"scheme": "a", "task": "mlm", "seed": 0, "global_step": 5}]}])
+    assert len(empty) == 0 and list(empty.columns) == list(summary.RUN_COLUMNS)
+
+
+def test_base_scheme_is_the_name_before_the_first_plus():
+    from analysis.retrieval import base_scheme
+
+    assert [base_scheme(s) for s in ("rope+pi+ft4L", "rope+yarn", "alibi")] == ["rope", "rope", "alibi"]
+
+
+def _grid_rows(scheme, seed, cells, length=8):
+    """Grid rows of one run: ``cells`` is [(multiple, depth, trials, exact_match)]."""
+    return [{"scheme": scheme, "seed": seed, "length": length * m, "multiple": m, "depth": d, "trials": n,
+             "exact_match": e, "digit_acc": 0.5, "needle_attention": 0.25} for m, d, n, e in cells]
+
+
+def test_per_run_pools_cells_of_any_trial_count_and_sorts_its_rows():
+    """A cell of a single trial counts; ``k`` is the count of successes (an int, rounded
+    from exact match x trials); rows come sorted by scheme, seed and length and numbered
+    from 0; a run recorded twice is refused rather than counted twice."""
+    from analysis import retrieval as summary
+
+    grids = pd.DataFrame(_grid_rows("b", 1, [(2, 0.0, 40, 0.7), (2, 1.0, 40, 0.3)])
+                         + _grid_rows("b", 0, [(1, 0.0, 1, 1.0), (1, 1.0, 1, 0.0)])
+                         + _grid_rows("a", 0, [(1, 0.5, 40, 0.7)]))
+    runs = summary.run_records([{"runs": [{"scheme": s, "task": "retrieval", "seed": seed, "global_step": 100,
+                                           "criterion_step": 100} for s, seed in (("a", 0), ("b", 0), ("b", 1))]}])
+    out = summary.per_run(grids, runs)
+    assert list(out.index) == [0, 1, 2]
+    assert [(r["scheme"], r["seed"], r["length"]) for r in out.to_dict("records")] == [("a", 0, 8), ("b", 0, 8),
+                                                                                      ("b", 1, 16)]
+    assert out["k"].tolist() == [28, 1, 40] and out["n"].tolist() == [40, 2, 80]
+    assert pd.api.types.is_integer_dtype(out["k"])
+    assert out["exact_match"].tolist() == pytest.approx([0.7, 0.5, 0.5])
+    twice = pd.concat([runs, runs.iloc[[0]]], ignore_index=True)
+    with pytest.raises(pd.errors.MergeError):
+        summary.per_run(grids, twice)
+
+
+def _per_run_frame():
+    """Per-run rows by hand: none (seeds 0, 1) at L only; alibi (seeds 0, 1) at L and 2L;
+    rope: a single seed at L."""
+    rows = [("none", 0, 1, 0.5), ("none", 1, 1, 0.7), ("alibi", 0, 1, 0.9), ("alibi", 0, 2, 0.6),
+            ("alibi", 1, 1, 0.8), ("alibi", 1, 2, 0.4), ("rope", 3, 1, 1.0)]
+    return pd.DataFrame([{"scheme": s, "seed": seed, "length": 8 * m, "multiple": m, "exact_match": e,
+                          "k": round(40 * e), "n": 40, "digit_acc": 0.1 * (seed + 1), "needle_attention": 0.2 * m,
+                          "steps": 1000, "criterion_step": 500.0, "reached": True} for s, seed, m, e in rows])
+
+
+def test_summary_of_a_single_seed_and_what_is_tested_against_what():
+    """``summary``: a scheme of a single seed has its length, sd 0 and an untested
+    comparison; the reference scheme ("none" by default) is not tested against itself,
+    and a length the reference lacks carries no test; without a reference, nothing is
+    tested."""
+    from analysis import retrieval as summary
+    from analysis.stats import welch
+
+    t = summary.summary(_per_run_frame())
+    one = t["rope"]["lengths"][1]
+    assert one == {"length": 8, "mean": 1.0, "sd": 0.0, "n": 1, "values": [1.0], "lo": rt.wilson(40, 40)[0],
+                   "hi": rt.wilson(40, 40)[1], "digit_acc": pytest.approx(0.4), "needle_attention": pytest.approx(0.2),
+                   "vs": {"against": "none", **welch([1.0], [0.5, 0.7])}}
+    assert t["rope"]["seeds"] == [3] and t["alibi"]["seeds"] == [0, 1]
+    assert all("vs" not in c for c in t["none"]["lengths"].values())
+    assert "vs" not in t["alibi"]["lengths"][2] and t["alibi"]["lengths"][2]["length"] == 16
+    assert t["alibi"]["lengths"][1]["vs"]["p"] == pytest.approx(welch([0.9, 0.8], [0.5, 0.7])["p"])
+    plain = summary.summary(_per_run_frame(), against=None)
+    assert not any("vs" in c for e in plain.values() for c in e["lengths"].values())
+
+
+def _entry(seeds, reached, lengths, marked=False):
+    """A scheme's ``summary`` entry by hand: ``lengths`` {multiple: (mean, sd, lo, hi, digits[, vs])}, over
+    the seeds that reached the criterion (all seeds when none did)."""
+    n = len(reached or seeds)
+    return {"seeds": seeds, "reached": reached, "marked": marked, "steps": {}, "cap": 4000,
+            "lengths": {m: dict(zip(("length", "mean", "sd", "lo", "hi", "digit_acc"), (8 * m, *v[:5])), n=n,
+                                **({"vs": v[5]} if len(v) > 5 else {})) for m, v in lengths.items()}}
+
+
+def test_the_retrieval_table_by_hand():
+    """``table_markdown`` of a summary written by hand: a column per length (L, 2L, 4L),
+    the pooled interval and the digits at L and at the longest length, the seeds that
+    reached the criterion, and the longest length against the reference with its 95% CI
+    and p; a scheme of one seed shows its value alone (no spread), and its untested
+    comparison the difference alone; a scheme without the longest length gets dashes; a
+    marked scheme its dagger and the footnote."""
+    from analysis.retrieval import table_markdown
+
+    vs = {"against": "none", "diff": 0.25, "ci": [0.1, 0.4], "p": 0.0123}
+    untested = {"against": "none", "diff": -0.1, "t": None, "df": None, "p": None, "ci": None}
+    t = {
+        "none": _entry([0, 1, 2], [0, 1, 2], {1: (1.0, 0.0, 0.953, 1.0, 1.0), 2: (0.6, 0.1, 0.5, 0.7, 0.8),
+                                               4: (0.2, 0.05, 0.15, 0.26, 0.42)}),
+        "alibi": _entry([0, 1, 2], [0, 2], {1: (0.9, 0.1, 0.85, 0.94, 0.97), 2: (0.8, 0.2, 0.7, 0.9, 0.9),
+                                             4: (0.45, 0.15, 0.38, 0.52, 0.7, vs)}),
+        "learned": _entry([0, 1], [], {1: (0.5, 0.1, 0.4, 0.6, 0.6, vs)}, marked=True),
+        "one": _entry([0], [0], {1: (1.0, 0.0, 0.9, 1.0, 1.0), 2: (0.7, 0.0, 0.6, 0.8, 0.8),
+                                 4: (0.1, 0.0, 0.03, 0.25, 0.3, untested)}),
+    }
+    assert table_markdown(t) == "\n".join([
+        "| scheme | L | 2L | 4L | trials' 95% interval at L, 4L | digits at L | digits at 4L | seeds reached "
+        "| 4L − `none` (95% CI) | Welch p |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| `none` | 100 ± 0 | 60 ± 10 | 20 ± 5 | [95, 100], [15, 26] | 100 | 42 | 3 of 3 | — | — |",
+        "| `alibi` | 90 ± 10 | 80 ± 20 | 45 ± 15 | [85, 94], [38, 52] | 97 | 70 | 2 of 3 | +25 (+10, +40) | 0.012 |",
+        "| `learned` † | 50 ± 10 | n/a | n/a | [40, 60], n/a | 60 | n/a | 0 of 2 (marked) | — | — |",
+        "| `one` | 100 | 70 | 10 | [90, 100], [3, 25] | 100 | 30 | 1 of 1 | -10 | — |",
+        "",
+        "† no run of this scheme reached the criterion by the cap: its numbers are over every run, and they mix "
+        "learning speed with length.",
+    ]) + "\n"
+    # no comparison and no marked scheme: neither the test's columns nor the footnote
+    plain = {"none": _entry([0], [0], {1: (0.5, 0.0, 0.3, 0.7, 0.6), 2: (0.25, 0.0, 0.1, 0.4, 0.5)})}
+    assert table_markdown(plain) == "\n".join([
+        "| scheme | L | 2L | trials' 95% interval at L, 2L | digits at L | digits at 2L | seeds reached |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| `none` | 50 | 25 | [30, 70], [10, 40] | 60 | 50 | 1 of 1 |",
+    ]) + "\n"
+
+
+def test_the_steps_table_by_hand():
+    """``steps_markdown``: fastest mean over the seeds that reached the criterion first
+    (not the smallest spread), then the schemes none of whose seeds did, in the order
+    given; one seed that reached it is shown alone; a rule's or a fine-tune's entry (a
+    name with "+") is left out, as it shares its run's steps."""
+    from analysis.retrieval import steps_markdown
+
+    def e(steps, cap=4000):
+        return {"steps": steps, "reached": [s for s, v in steps.items() if v is not None], "cap": cap}
+
+    t = {"none": e({0: 2600, 1: 2400, 2: 2800}), "alibi": e({0: 900, 1: 3000, 2: None}),
+         "rope+yarn": e({0: 10}), "learned": e({0: None, 1: None}), "fire": e({0: 1200, 1: 1300}),
+         "xpos": e({0: None}, cap=3000), "t5_bias": e({0: 700, 1: None})}
+    assert steps_markdown(t, "exact match ≥ 90%") == "\n".join([
+        "Steps to the criterion (exact match ≥ 90%), validated every so many steps; \"cap\": not reached by the cap.",
+        "",
+        "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached |",
+        "| --- | --- | ---: | ---: |",
+        "| `t5_bias` | s0: 700, s1: cap (4000) | 700 (one seed) | 1 of 2 |",
+        "| `fire` | s0: 1200, s1: 1300 | 1250 ± 71 | 2 of 2 |",
+        "| `alibi` | s0: 900, s1: 3000, s2: cap (4000) | 1950 ± 1485 | 2 of 3 |",
+        "| `none` | s0: 2600, s1: 2400, s2: 2800 | 2600 ± 200 | 3 of 3 |",
+        "| `learned` | s0: cap (4000), s1: cap (4000) | — | 0 of 2 |",
+        "| `xpos` | s0: cap (3000) | — | 0 of 1 |",
+    ]) + "\n"

@@ -168,3 +168,311 @@ def test_a_study_stage_empties_its_runs_folder_and_records_provenance(tmp_path, 
     second = run("optim.weight_decay=0.05", "b.json")
     assert second["provenance"] == prov  # the scheme's own overrides are not shared settings
     assert "weight_decay: 0.05" in (runs / "lm-s0" / "config.yaml").read_text()  # but they were applied
+
+
+# ---------------------------------------------------------------- lm table, by hand
+def test_lm_table_by_hand(tmp_path):
+    """``lm_table``: per scheme its L, seeds, mean ± sd and count of finite perplexities at
+    each length (the non-overlapping method only), and the ratio ppl(longest) / ppl(L) per
+    seed; a seed without the longest length gives no ratio; a scheme scored at L alone has
+    its ratio 1. (A seed without the longest length or without L gives no ratio.)"""
+    rows = _rows("sin", 0, {4: 2.0, 6: 2.5, 16: 4.0}) + _rows("sin", 1, {4: 4.0, 6: 4.5, 16: 6.0})
+    rows += [{**r, "method": "sliding", "ppl": 1.0} for r in rows]
+    write_results(rows, tmp_path / "sin.csv")
+    write_results(_rows("gap", 0, {4: 2.0, 16: 4.0}) + _rows("gap", 1, {4: 2.0}) + _rows("gap", 2, {16: 5.0}),
+                  tmp_path / "gap.csv")
+    write_results(_rows("short", 5, {8: 3.0}, train_len=8), tmp_path / "short.csv")
+    t = tables.lm_table([tmp_path / f"{s}.csv" for s in ("sin", "gap", "short")])
+    assert t["sin"] == {"train_len": 4, "seeds": [0, 1],
+                        "lengths": {4: {"mean": 3.0, "sd": pytest.approx(2**0.5), "n": 2},
+                                    6: {"mean": 3.5, "sd": pytest.approx(2**0.5), "n": 2},
+                                    16: {"mean": 5.0, "sd": pytest.approx(2**0.5), "n": 2}},
+                        "ratio_longest": {"mean": 1.75, "sd": pytest.approx(0.125**0.5), "n": 2, "longest": 16,
+                                          "values": [2.0, 1.5]}}
+    assert t["gap"]["ratio_longest"] == {"mean": 2.0, "sd": 0.0, "n": 1, "longest": 16, "values": [2.0]}
+    assert t["gap"]["lengths"][16]["n"] == 2 and t["gap"]["seeds"] == [0, 1, 2]
+    assert t["short"]["train_len"] == 8 and t["short"]["ratio_longest"]["values"] == [1.0]
+
+
+def _lm_entry(L, seeds, lengths, ratio, longest, values=(), vs=None):
+    e = {"train_len": L, "seeds": seeds, "lengths": {t: {"mean": m, "sd": sd, "n": len(seeds)} for t, (m, sd) in
+                                                      lengths.items()},
+         "ratio_longest": {"mean": ratio[0], "sd": ratio[1], "n": len(values), "longest": longest,
+                           "values": list(values)}}
+    return {**e, "vs_question": vs} if vs else e
+
+
+def test_compare_ratios_only_compares_like_with_like():
+    """Each scheme's ratios are tested against the question's when both reach the same
+    longest length from the same L; not the question itself, not a scheme without ratios,
+    not one of another longest length or another L; nothing without a question or when the
+    question has no ratios."""
+    from analysis.stats import welch
+
+    q = _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.05, 0.05), 16, [1.0, 1.1, 1.05])
+    t = {"q": q, "a": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (2.2, 0.2), 16, [2.0, 2.5, 2.2]),
+         "far": _lm_entry(4, [0, 1], {4: (2.0, 0.1)}, (3.0, 0.1), 32, [3.0, 3.1]),
+         "other_l": _lm_entry(8, [0, 1], {8: (2.0, 0.1)}, (1.0, 0.1), 16, [1.0, 1.1]),
+         "none_yet": _lm_entry(4, [0], {4: (2.0, 0.0)}, (None, None), 16)}
+    out = tables.compare_ratios(t, "q")
+    assert [s for s, e in out.items() if "vs_question" in e] == ["a"]
+    assert out["a"]["vs_question"] == {"question": "q", **welch([2.0, 2.5, 2.2], [1.0, 1.1, 1.05])}
+    for question in (None, "", "none_yet", "absent"):
+        assert not any("vs_question" in e for e in tables.compare_ratios(out, question).values())
+
+
+def test_at_length_reads_int_and_json_keys():
+    """A length's statistics whether the table was just built (int keys) or read back from
+    JSON (string keys); {} for a length the scheme was not scored at."""
+    e = _lm_entry(4, [0], {4: (2.0, 0.0), 8: (3.0, 0.0)}, (1.5, 0.0), 8, [1.5])
+    back = json.loads(json.dumps(e))
+    for entry in (e, back):
+        assert tables.at_length(entry, 8) == {"mean": 3.0, "sd": 0.0, "n": 1} and tables.at_length(entry, 16) == {}
+
+
+def test_lm_markdown_by_hand():
+    """``lm_markdown``: a column per length (labelled with its multiple of L when it is one),
+    the ratio and the seeds, rows by increasing ratio (schemes without one last), "n/a"
+    where a scheme has no perplexity, and with a question the difference of ratios with
+    its 95% CI and p (dashes for the question itself and for a scheme without a test)."""
+    untested = {"question": "q", "diff": -0.15, "t": None, "df": None, "p": None, "ci": None}
+    t = {"b": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.5, 0.2), 16: (3.0, 0.3)}, (1.5, 0.05), 16,
+                        vs={"question": "q", "diff": 0.25, "ci": [0.1, 0.4], "p": 0.0004}),
+         "q": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.2, 0.1), 16: (2.5, 0.2)}, (1.25, 0.05), 16),
+         "learned": _lm_entry(4, [0], {4: (3.0, 0.0), 6: (None, None)}, (None, None), 6),
+         "one": _lm_entry(4, [5], {4: (2.0, 0.0), 6: (2.1, 0.0), 16: (2.2, 0.0)}, (1.1, 0.0), 16, vs=untested)}
+    rows = ["| `one` | 2.00 ± 0.00 | 2.10 ± 0.00 | 2.20 ± 0.00 | 1.10 ± 0.00 | 1 |",
+            "| `q` | 2.00 ± 0.10 | 2.20 ± 0.10 | 2.50 ± 0.20 | 1.25 ± 0.05 | 3 |",
+            "| `b` | 2.00 ± 0.10 | 2.50 ± 0.20 | 3.00 ± 0.30 | 1.50 ± 0.05 | 3 |",
+            "| `learned` | 3.00 ± 0.00 | n/a | n/a | — | 1 |"]
+    assert tables.lm_markdown(t, "q") == "\n".join([
+        "| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds | ppl(4L) / ppl(L) − `q` (95% CI) | Welch p |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        rows[0] + " -0.15 | — |", rows[1] + " — | — |", rows[2] + " +0.25 (+0.10, +0.40) | 4.0e-04 |",
+        rows[3] + " — | — |"]) + "\n"
+    plain = "\n".join(["| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds |",
+                       "| --- | ---: | ---: | ---: | ---: | ---: |", *rows]) + "\n"
+    assert tables.lm_markdown(t) == plain  # comparisons in the table, but no question asked: not shown
+
+
+def _mlm_file(tmp_path, runs):
+    f = tmp_path / "mlm.json"
+    f.write_text(json.dumps({"scheme": "x", "timing": {}, "runs": [
+        {"scheme": s, "task": "mlm", "seed": seed, "val/acc": a, "val/ppl": p, "global_step": 300}
+        for s, vals in runs.items() for seed, (a, p) in vals] + [
+        {"scheme": "none", "task": "lm", "seed": 0, "val/acc": 0.9, "val/ppl": 1.0}]}))
+    return f
+
+
+MLM = {"none": [(0, (0.14, 4.0)), (1, (0.24, 4.2)), (2, (0.34, 4.4))],
+       "fixed": [(0, (0.45, 2.0)), (1, (0.46, 2.0)), (2, (0.44, 2.0))],
+       "rope": [(0, (0.50, 1.9)), (1, (0.49, 2.0)), (2, (0.51, 2.1))],
+       "solo": [(7, (0.30, 3.0))]}
+
+
+def test_mlm_table_by_hand(tmp_path):
+    """``mlm_table``: per scheme its seeds, steps, accuracy and perplexity mean ± sd and the
+    Welch test of its accuracy against ``none``; the question tested against each scheme
+    asked for that has runs (once, in the order asked) and the best other scheme, marked;
+    a single-seed scheme gets an untested comparison; the question alone tests nothing."""
+    from analysis.stats import welch
+
+    runs = tables.mlm_runs([_mlm_file(tmp_path, MLM)])
+    assert sorted(runs) == ["fixed", "none", "rope", "solo"] and len(runs["none"]) == 3  # mlm runs only
+    t = tables.mlm_table(runs, "fixed", ["none", "solo", "learned", "rope", "none"])
+    none_acc = [0.14, 0.24, 0.34]
+    assert (t["metric"], t["baseline"], t["question"], t["note"]) == (
+        "masked-token accuracy on the validation split", "none", "fixed", None)
+    assert t["summary"]["solo"] == {"seeds": [7], "n": 1, "steps": 300, "acc_mean": 0.3, "acc_sd": 0.0,
+                                    "ppl_mean": 3.0, "ppl_sd": 0.0, "acc": [0.3], "ppl": [3.0],
+                                    "vs_none": welch([0.3], none_acc)}
+    assert list(t["tests"]) == ["none", "solo", "rope"]
+    assert t["tests"]["none"] == {**welch([0.45, 0.46, 0.44], none_acc), "best": False}
+    assert t["tests"]["rope"] == {**welch([0.45, 0.46, 0.44], [0.50, 0.49, 0.51]), "best": True}
+    assert t["tests"]["solo"]["t"] is None and not t["tests"]["solo"]["best"]
+    alone = tables.mlm_table({"fixed": runs["fixed"]}, "fixed", ["none"])
+    assert alone["tests"] == {} and alone["note"] is None
+    with pytest.raises(SystemExit, match="no masked-LM runs"):
+        tables.mlm_runs([_mlm_file(tmp_path, {})])
+
+
+def test_mlm_markdown_by_hand(tmp_path):
+    """``mlm_markdown``: schemes by accuracy, each against ``none`` with its 95% CI and p
+    (dashes for none itself, no CI and p for an untested one); then the question's tests,
+    the best other scheme marked, t and df; a question without runs gets its note instead."""
+    from analysis.stats import format_p, welch
+
+    runs = tables.mlm_runs([_mlm_file(tmp_path, MLM)])
+    none_acc, fixed, rope = [0.14, 0.24, 0.34], [0.45, 0.46, 0.44], [0.50, 0.49, 0.51]
+
+    def vs(w):
+        return f"{100 * w['diff']:+.1f} pt ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f}) | {format_p(w['p'])}"
+
+    def test_row(name, w):
+        return (f"| {name} | {100 * w['diff']:+.1f} pt ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f}) | "
+                f"{w['t']:+.2f} | {w['df']:.1f} | {format_p(w['p'])} |")
+
+    table = [
+        "| scheme | accuracy | masked-token perplexity | seeds | accuracy − `none` (95% CI) | Welch p |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"| `rope` | 50.0% ± 1.0 | 2.00 ± 0.10 | 3 | {vs(welch(rope, none_acc))} |",
+        f"| `fixed` | 45.0% ± 1.0 | 2.00 ± 0.00 | 3 | {vs(welch(fixed, none_acc))} |",
+        "| `solo` | 30.0% ± 0.0 | 3.00 ± 0.00 | 1 | +6.0 pt | — |",
+        "| `none` | 24.0% ± 10.0 | 4.20 ± 0.20 | 3 | — | — |",
+    ]
+    md = tables.mlm_markdown(tables.mlm_table(runs, "fixed", ["none", "solo"]))
+    assert md == "\n".join(table + [
+        "", "Does `fixed` help? Accuracy of `fixed` minus that of each scheme (Welch t-test, two-sided):", "",
+        "| against | difference (95% CI) | t | df | p |", "| --- | ---: | ---: | ---: | ---: |",
+        test_row("`none`", welch(fixed, none_acc)),
+        "| `solo` | +15.0 pt — | — | — | — |",
+        test_row("`rope` (best other scheme)", welch(fixed, rope))]) + "\n"
+    causal = tables.mlm_markdown(tables.mlm_table(runs, "xpos", ["none"]))
+    assert causal == "\n".join(table + [
+        "", "Does `xpos` help? `xpos` has no masked-LM runs (causal only, or not in the study): the question cannot "
+        "be asked of this table; put a scheme that allows bidirectional attention in mlm_table.question."]) + "\n"
+
+
+def test_timing_sums_runs_per_task_and_stages(tmp_path):
+    """``timing``: per stage its own timing, its count of runs and the seconds of its runs
+    per task (training plus evaluation, a missing part 0; 2 decimals), and in total the sum
+    of each over the stages (1 decimal)."""
+    a = {"scheme": "a", "timing": {"wall_s": 10.04, "startup_s": 1.0, "train_s": 6.0, "eval_s": 2.0},
+         "runs": [{"task": "lm", "train_s": 1.2345, "eval_s": 0.111}, {"task": "lm", "train_s": 2.0},
+                  {"task": "mlm", "eval_s": 0.5}]}
+    b = {"scheme": "b", "timing": {"wall_s": 5.03, "startup_s": 0.5, "train_s": 3.0, "eval_s": 1.0},
+         "runs": [{"task": "lm", "train_s": 1.0, "eval_s": 1.02}]}
+    files = []
+    for d in (a, b):
+        files.append(tmp_path / f"{d['scheme']}.json")
+        files[-1].write_text(json.dumps(d))
+    assert tables.timing(files) == {
+        "stages": {"a": {**a["timing"], "runs": 3, "task_s": {"lm": 3.35, "mlm": 0.5}},
+                   "b": {**b["timing"], "runs": 1, "task_s": {"lm": 2.02}}},
+        "total": {"wall_s": 15.1, "startup_s": 1.5, "train_s": 9.0, "eval_s": 3.0, "runs": 4,
+                  "task_s": {"lm": 5.4, "mlm": 0.5}}}
+
+
+def test_headline_rounds_to_4_decimals():
+    """The metrics ``dvc metrics show`` prints are rounded to 4 decimals (None stays None)."""
+    lm = {"a": _lm_entry(4, [0], {4: (3.123456, 0.0), 16: (5.0, 0.0)}, (1.23456789, 0.0), 16, [1.23456789]),
+          "b": _lm_entry(4, [0], {4: (2.0, 0.0)}, (None, None), 16)}
+    assert tables.headline(lm, {"summary": {"a": {"acc_mean": 1 / 3}, "c": {"acc_mean": 0.5}}}) == {
+        "a": {"ppl_L": 3.1235, "ppl_4L": 5.0, "ratio": 1.2346, "mlm_acc": 0.3333},
+        "b": {"ppl_L": 2.0, "ppl_4L": None, "ratio": None}, "c": {"mlm_acc": 0.5}}
+
+
+# ---------------------------------------------------------------- gathering the per-scheme files
+def test_study_schemes_are_the_keys_of_the_schemes_section(tmp_path):
+    """The study's schemes in the params file's order, as strings; a params file without a
+    non-empty ``schemes:`` mapping is refused."""
+    from pipelines.gather import study_schemes
+
+    p = tmp_path / "params.yaml"
+    p.write_text("schemes:\n  none: {}\n  1: {}\n  alibi: {lr: 1}\n")
+    assert study_schemes(p) == ["none", "1", "alibi"]
+    for text in ("", "other: 1\n", "schemes: [none, alibi]\n", "schemes: {}\n"):
+        p.write_text(text)
+        with pytest.raises(SystemExit, match="no schemes: section"):
+            study_schemes(p)
+
+
+def test_per_scheme_files_in_study_order_with_notes(tmp_path, capsys):
+    """``per_scheme``: {scheme: file} by file name; without a study, every file, by name;
+    with one, the study's schemes in its order, a missing one and a stranger noted on
+    stderr; a folder is no file."""
+    from pipelines.gather import per_scheme
+
+    files = []
+    for name in ("b/none.json", "a/alibi.json", "c/extra.json"):
+        files.append(tmp_path / name)
+        files[-1].parent.mkdir(exist_ok=True)
+        files[-1].write_text("{}")
+    (tmp_path / "rope.json").mkdir()
+    files.append(tmp_path / "rope.json")
+    every = per_scheme(files, None, "runs")
+    assert list(every.items()) == [("alibi", files[1]), ("extra", files[2]), ("none", files[0])]
+    assert capsys.readouterr().err == ""
+    got = per_scheme(files, ["none", "rope", "alibi"], "runs")
+    assert list(got.items()) == [("none", files[0]), ("alibi", files[1])]
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        "note: no runs for scheme rope of the study: left out of this summary (`dvc repro study@rope` makes them)\n"
+        f"note: {files[2]} belongs to no scheme of the study: ignored\n")
+
+
+def _run_file(path, prov):
+    path.write_text(json.dumps({"scheme": path.stem, "runs": [], **({"provenance": prov} if prov else {})}))
+    return path
+
+
+def test_check_provenance_names_each_group_largest_first(tmp_path):
+    """Results of one code and settings digest pass; otherwise the refusal lists each group
+    (code and settings cut to 12 characters, its schemes), the largest first, and what to do.
+    Settings alone differing is refused too; files without provenance form a group of their own."""
+    from pipelines.gather import check_provenance
+
+    c1, c2, s1 = "0123456789abcdef", "fedcba9876543210", "settings-digest-1"
+    same = {s: _run_file(tmp_path / f"{s}.json", {"core": c1, "settings": s1}) for s in ("y", "z")}
+    assert check_provenance(same) is None
+    runs = {"x": _run_file(tmp_path / "x.json", {"core": c2, "settings": s1}), **same}
+    with pytest.raises(SystemExit) as e:
+        check_provenance(runs)
+    assert str(e.value) == (
+        "error: these results were made with different shared code or study settings and cannot share a table:\n"
+        "  code 0123456789ab, settings settings-dig: y, z\n"
+        "  code fedcba987654, settings settings-dig: x\n"
+        "Re-run the stages of the schemes made with other code (`dvc repro --force study@<scheme>`), or return to "
+        "the code and params.yaml the others were made with.")
+    other = {**same, "w": _run_file(tmp_path / "w.json", {"core": c1, "settings": "s2"})}
+    with pytest.raises(SystemExit, match="settings s2: w"):
+        check_provenance(other)
+    bare = {**same, "v": _run_file(tmp_path / "v.json", None)}
+    with pytest.raises(SystemExit, match="code None, settings None: v"):
+        check_provenance(bare)
+    assert check_provenance({"v": bare["v"]}) is None
+
+
+DEFAULT_AGAINST = ["none", "sinusoidal", "learned", "shaw", "transformer_xl"]
+
+
+def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys):
+    """``pipelines.tables`` with its defaults, run where dvc runs it: the ratios are compared
+    with ``alibi``, the masked-LM question is ``fixed_bidirectional`` against none,
+    sinusoidal, learned, shaw and transformer_xl (and the best other scheme); it writes
+    results/{lm_table,mlm_table,timing}.json, results/metrics/<scheme>.json and
+    figures/{lm_table,mlm_table}.md, and prints both tables. A question or comparison
+    scheme without results is noted on stderr; ``--against`` takes any number of schemes;
+    the extrapolation files are required."""
+    for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST):
+        _study_files(tmp_path, s)
+    monkeypatch.chdir(tmp_path)
+    runs = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*.json"))
+    ex = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "extrapolation").glob("*.csv"))
+    tables.main([*runs, "--extrapolation", *ex])
+    out = capsys.readouterr()
+    lm = json.loads((tmp_path / "results" / "lm_table.json").read_text())
+    mlm = json.loads((tmp_path / "results" / "mlm_table.json").read_text())
+    assert {e["vs_question"]["question"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
+    assert mlm["question"] == "fixed_bidirectional" and list(mlm["tests"]) == [*DEFAULT_AGAINST, "alibi"]
+    assert (tmp_path / "figures" / "lm_table.md").read_text() == tables.lm_markdown(lm, "alibi")
+    assert (tmp_path / "figures" / "mlm_table.md").read_text() == tables.mlm_markdown(mlm)
+    assert out.out == tables.lm_markdown(lm, "alibi") + "\n" + tables.mlm_markdown(mlm) + "\n" and out.err == ""
+    assert json.loads((tmp_path / "results" / "timing.json").read_text())["total"]["runs"] == 2 * 7
+    metrics = sorted(p.name for p in (tmp_path / "results" / "metrics").iterdir())
+    assert metrics == sorted(f"{s}.json" for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST))
+    assert json.loads((tmp_path / "results" / "metrics" / "none.json").read_text())["mlm_acc"] == pytest.approx(0.305)
+    params = tmp_path / "params.yaml"
+    params.write_text("schemes:\n  none: {}\n  alibi: {}\n  sandwich: {}\n")
+    tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-question", "absent",
+                 "--question", "xpos", "--out-dir", "o", "--md-dir", "m"])
+    err = capsys.readouterr().err
+    assert "note: no extrapolation results for scheme sandwich of the study" in err
+    assert "note: --lm-question absent has no extrapolation results: no comparison column\n" in err
+    assert "note: --question `xpos` has no masked-LM runs" in err
+    assert sorted(json.loads((tmp_path / "o" / "lm_table.json").read_text())) == ["alibi", "none"]
+    assert (tmp_path / "m" / "mlm_table.md").exists()
+    tables.main([*runs, "--extrapolation", *ex, "--against", "learned", "shaw", "--out-dir", "o2"])
+    assert list(json.loads((tmp_path / "o2" / "mlm_table.json").read_text())["tests"]) == ["learned", "shaw", "alibi"]
+    with pytest.raises(SystemExit):
+        tables.main([*runs])
