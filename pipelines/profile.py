@@ -11,7 +11,8 @@ with the profile's params, and writes its results, figures, stage records and ru
 ``profiles/<name>/`` (``results/``, ``figures/``, ``runs/``), its MLflow runs to an
 experiment of its own (``posenc-study-<name>``). Stages that do not depend on the study's
 settings are left out: the benchmark and MiniLM's analysis (the default study has them)
-and the report (which renders a section for every profile that has results). ``dvc repro``
+and the report (which renders a section for every profile that has results; after its
+repro a profile renders the report again and records it with ``dvc commit``). ``dvc repro``
 at the project root does not run a profile; ``dvc status`` lists the stages of a
 profile's pipeline whose code or settings changed since its results were made. Its
 ``dvc.lock`` records which code made them.
@@ -139,8 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {target.relative_to(ROOT)}")
     if a.write:
         return 0
-    return subprocess.call(["dvc", "repro", *(["--force"] if a.force else []), str(target.relative_to(ROOT))],
-                           cwd=ROOT)
+    rc = subprocess.call(["dvc", "repro", *(["--force"] if a.force else []), str(target.relative_to(ROOT))],
+                         cwd=ROOT)
+    if rc != 0:
+        return rc
+    # the report reads every profile that has results: render it again, and record the new
+    # docs/results.md as the root pipeline's report output (its dvc.lock), so dvc status stays clean
+    from pipelines import report
+
+    rc = report.main([])
+    return rc or subprocess.call(["dvc", "commit", "--force", "report"], cwd=ROOT)
 
 
 if __name__ == "__main__":

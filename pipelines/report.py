@@ -209,6 +209,35 @@ def compare(a: Sequence[float], b: Sequence[float], higher_is_better: bool = Tru
     return Comparison(test, word=verdict(test, higher_is_better))
 
 
+def holm(ps: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm's step-down adjustment of several p-values tested together: sorted ascending, the
+    k-th smallest (from 0) is multiplied by (m - k), kept at least as large as the one before it
+    and capped at 1; None (no test) stays None and does not count in m. A difference is then
+    claimed where the adjusted p is below the level, which keeps the chance of any false claim
+    in the family at that level. Checked by hand: {a: 0.01, b: 0.04, c: 0.03} gives
+    a 0.03 (0.01 x 3), c 0.06 (0.03 x 2) and b 0.06 (0.04 x 1, raised to 0.06)."""
+    tested = sorted((p, k) for k, p in ps.items() if p is not None)
+    out: dict[str, float | None] = {k: None for k, p in ps.items() if p is None}
+    running = 0.0
+    for i, (p, k) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - i) * p))
+        out[k] = running
+    return {k: out[k] for k in ps}
+
+
+def against_best(samples: dict[str, Sequence[float]], best: str, higher_is_better: bool = True) -> dict:
+    """Each scheme's per-seed values against those of ``best`` (Welch), with Holm's adjustment
+    for the several comparisons (``holm``): {scheme: Comparison}, whose ``p``
+    and word are the adjusted ones (the unadjusted p stays as ``p_raw``)."""
+    tests = {s: welch(list(v), list(samples[best])) for s, v in samples.items() if s != best}
+    adjusted = holm({s: t["p"] for s, t in tests.items()})
+    out = {}
+    for s, t in tests.items():
+        t = {**t, "p_raw": t["p"], "p": adjusted[s]}
+        out[s] = Comparison(t, word=verdict(t, higher_is_better))
+    return out
+
+
 def judged(test: dict, higher_is_better: bool = True) -> Comparison:
     """The words of a test a results file already holds (``vs_question``, ``vs_none``, ...)."""
     return Comparison(test, word=verdict(test, higher_is_better))
@@ -284,6 +313,25 @@ def differ(*samples: Sequence[float]) -> dict:
     return {"p": p, "word": "differ" if p < ALPHA else "do not differ"}  # "their means differ"
 
 
+def flat_retrieval(lm: dict, schemes: dict, multiple: int) -> dict:
+    """Does a flat perplexity curve mean retrieval at length? The schemes whose ratio
+    ppl(longest) / ppl(L) is flat (``flat``) and that have a retrieval row: ``flats`` (in name
+    order), their per-seed exact match at ``multiple`` (``values``), ``differ`` (Alexander and
+    Govern over them), the one with the highest mean (``best``) and, when they differ, each
+    other one against it (``vs_best``, Welch with Holm's adjustment; else {}). ``flats`` has
+    fewer than two schemes when there is nothing to compare."""
+    flats = [s for s, e in sorted(lm.items())
+             if s in schemes and flat(e["ratio_longest"].get("values") or [])
+             and str(multiple) in schemes[s]["lengths"]]
+    values = {s: schemes[s]["lengths"][str(multiple)]["values"] for s in flats}
+    if len(flats) < 2:
+        return {"flats": flats, "values": values, "differ": {"p": None, "word": "untested"}, "best": None, "vs_best": {}}
+    best = max(flats, key=lambda s: (mean(values[s]), s))
+    d = differ(*values.values())
+    return {"flats": flats, "values": values, "differ": d, "best": best,
+            "vs_best": against_best(values, best) if d["word"] == "differ" else {}}
+
+
 def exact_at(schemes: dict, multiple: int) -> dict[str, str]:
     """{scheme: its exact match at one length, "mean% ± sd" over seeds (the value alone for one)}."""
     out = {}
@@ -344,13 +392,12 @@ def mean(values: Sequence[float]) -> float:
     return mean_sd(list(values))[0]
 
 
-FILTERS = {"pct": pct, "num": num,
-           "extract_values": lambda scheme, schemes, multiple: schemes[scheme]["lengths"][str(multiple)]["values"]}
+FILTERS = {"pct": pct, "num": num}
 TESTS = {"reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None,
          "flat_ratio": lambda values: flat(values)}
-HELPERS = {"differ": differ, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
+HELPERS = {"differ": differ, "flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
 
