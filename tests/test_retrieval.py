@@ -962,3 +962,22 @@ def test_the_steps_table_by_hand():
         "| `learned` | s0: cap (4000), s1: cap (4000) | — | 0 of 2 |",
         "| `xpos` | s0: cap (3000) | — | 0 of 1 |",
     ]) + "\n"
+
+
+def test_draw_at_given_depths_puts_each_needle_where_its_depth_says():
+    """``draw`` with depths: needle n starts before filler token round(depth x filler), so
+    depth 0 is the window's first token and depth 1 right before the query marker; in the
+    built window, the key sits at that many filler tokens (plus the needles before it) from
+    the start."""
+    layout = rt.Layout(40, 2, 3)  # 2 needles of 3 digits: 17 fixed tokens, 24 filler
+    F = layout.filler
+    assert F == 24
+    filler = np.arange(100, 100 + 3 * F)
+    for depths, want in (([0.0, 1.0], [0, 24]), ([0.25, 0.5], [6, 12]), ([0.1, 0.9], [2, 22])):
+        span, starts, values, keys, order = rt.draw(np.random.default_rng(0), filler, SYM, layout, depths)
+        assert starts.tolist() == want and len(span) == F
+        x, _ = rt.build(span, starts, values, keys, order, SYM, layout)
+        seq = x.tolist()
+        first = seq.index(keys[0])
+        assert first == want[0]  # filler tokens before it, no needle before the first
+        assert seq.index(keys[1]) == want[1] + 1 + layout.digits  # the first needle's key and digits come before
