@@ -395,9 +395,8 @@ def mean(values: Sequence[float]) -> float:
 FILTERS = {"pct": pct, "num": num}
 TESTS = {"reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
-         "search": lambda s, pattern: re.search(pattern, str(s)) is not None,
-         "flat_ratio": lambda values: flat(values)}
-HELPERS = {"differ": differ, "flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "flat": flat, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
+         "search": lambda s, pattern: re.search(pattern, str(s)) is not None}
+HELPERS = {"flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
 
