@@ -1,0 +1,158 @@
+"""How far each ranking of schemes moves between two studies (two scales): Kendall's τ
+between the orderings, with a bootstrap interval over seeds, and the schemes whose
+place changes by more than the spread between seeds.
+
+A table here is ``{scheme: [one value per seed]}`` (``samples``: the LM ratio
+ppl(16L) / ppl(L), masked-LM accuracy, exact match at L and 4L, attention distance at
+16L, band scores). Two studies are compared over the schemes both hold:
+
+* τ: ``scipy.stats.kendalltau`` (τ-b, which counts ties) of the schemes' means in the
+  two studies; 1 is the same order, 0 no relation, −1 the reverse. Checked against
+  the naive count (concordant − discordant pairs over all pairs) in ``tests/test_scales.py``.
+* its interval: ``resamples`` bootstrap draws, each redrawing every scheme's seeds with
+  replacement in each study (a scheme of one seed keeps its value), recomputing the
+  means and τ; the 2.5 and 97.5 percentiles. It holds the spread between training
+  seeds, not that of the schemes chosen.
+* a scheme's place (1 = the best) in each study and its 95% bootstrap range from the
+  same draws; a scheme **moves** when its two ranges do not overlap: its place changed
+  by more than its seeds spread it in either study.
+
+Nothing here draws: ``pipelines.report`` words the results (``docs/results.md``,
+"Across scales").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+#: bootstrap draws per comparison, and the seed of the generator (the report is reproducible)
+RESAMPLES = 2000
+SEED = 0
+
+
+def kendall(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's τ-b of two paired sequences (NaN when either is constant)."""
+    from scipy import stats
+
+    return float(stats.kendalltau(a, b).statistic)
+
+
+def places(means: Mapping[str, float], higher_is_better: bool) -> dict[str, int]:
+    """{scheme: its place, 1 for the best}; ties share the better place (competition ranking)."""
+    sign = -1 if higher_is_better else 1
+    ordered = sorted(means.values(), key=lambda v: sign * v)
+    return {s: 1 + ordered.index(v) for s, v in means.items()}
+
+
+def _draw(samples: Mapping[str, Sequence[float]], schemes: Sequence[str], rng: np.random.Generator) -> dict:
+    out = {}
+    for s in schemes:
+        v = np.asarray(samples[s], dtype=float)
+        out[s] = float(v[rng.integers(0, len(v), len(v))].mean())
+    return out
+
+
+def compare(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]], higher_is_better: bool = True,
+            resamples: int = RESAMPLES, seed: int = SEED) -> dict:
+    """τ between the orderings of ``a`` and ``b`` ({scheme: per-seed values}) over the schemes
+    both hold with a finite value, its bootstrap interval, and each scheme's places.
+
+    Returns ``{"schemes", "n", "tau", "lo", "hi", "seeds": (seeds a scheme in a, in b; the
+    fewest), "places": {scheme: {"a", "b", "a_range", "b_range", "moves"}}, "moved"}``;
+    tau is None with fewer than three schemes in common."""
+    common = sorted(s for s in a if s in b and len(a[s]) and len(b[s])
+                    and all(math.isfinite(x) for x in list(a[s]) + list(b[s])))
+    seeds = (min((len(a[s]) for s in common), default=0), min((len(b[s]) for s in common), default=0))
+    if len(common) < 3:
+        return {"schemes": common, "n": len(common), "tau": None, "lo": None, "hi": None, "seeds": seeds,
+                "places": {}, "moved": []}
+    mean_a = {s: float(np.mean(a[s])) for s in common}
+    mean_b = {s: float(np.mean(b[s])) for s in common}
+    rng = np.random.default_rng(seed)
+    taus, ranks_a, ranks_b = [], [], []
+    for _ in range(resamples):
+        da, db = _draw(a, common, rng), _draw(b, common, rng)
+        taus.append(kendall([da[s] for s in common], [db[s] for s in common]))
+        ranks_a.append(places(da, higher_is_better))
+        ranks_b.append(places(db, higher_is_better))
+    taus = np.asarray(taus)
+    taus = taus[np.isfinite(taus)]
+    pa, pb = places(mean_a, higher_is_better), places(mean_b, higher_is_better)
+    out_places = {}
+    for s in common:
+        ra = np.percentile([r[s] for r in ranks_a], [2.5, 97.5])
+        rb = np.percentile([r[s] for r in ranks_b], [2.5, 97.5])
+        moves = bool(ra[1] < rb[0] or rb[1] < ra[0])
+        out_places[s] = {"a": pa[s], "b": pb[s], "a_range": [float(x) for x in ra],
+                         "b_range": [float(x) for x in rb], "moves": moves}
+    return {"schemes": common, "n": len(common), "tau": kendall([mean_a[s] for s in common], [mean_b[s] for s in common]),
+            "lo": float(np.percentile(taus, 2.5)) if len(taus) else None,
+            "hi": float(np.percentile(taus, 97.5)) if len(taus) else None, "seeds": seeds,
+            "places": out_places, "moved": [s for s in common if out_places[s]["moves"]]}
+
+
+# ------------------------------------------------------------------ the tables, from a study's results files
+def lm_ratio(lm: Mapping) -> dict[str, list[float]]:
+    """ppl(longest) / ppl(L) per seed of every scheme with a value (``results/lm_table.json``)."""
+    return {s: list(e["ratio_longest"]["values"]) for s, e in lm.items()
+            if e["ratio_longest"].get("mean") is not None and e["ratio_longest"].get("values")}
+
+
+def mlm_accuracy(mlm: Mapping) -> dict[str, list[float]]:
+    """Masked-token accuracy per seed (``results/mlm_table.json``)."""
+    return {s: list(e["acc"]) for s, e in mlm["summary"].items()}
+
+
+def retrieval_exact(table: Mapping, multiple: int) -> dict[str, list[float]]:
+    """Exact match at ``multiple`` x L per seed that reached the criterion, of the schemes
+    proper (no ``+rule`` rows; ``results/retrieval_table.json``)."""
+    out = {}
+    for s, e in table["schemes"].items():
+        cell = e["lengths"].get(str(multiple))
+        if "+" not in s and cell and cell.get("values"):
+            out[s] = list(cell["values"])
+    return out
+
+
+def reach_distance(rows: Sequence[Mapping], multiple: int) -> dict[str, list[float]]:
+    """Mean attention distance at ``multiple`` x L per seed: the mean over layers, heads (and
+    windows) of ``results/reach.csv``'s rows, as ``analysis.reach.summary`` takes it."""
+    per: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if int(r["multiple"]) == multiple:
+            per.setdefault((r["scheme"], int(r["seed"])), []).append(float(r["distance"]))
+    out: dict[str, list[float]] = {}
+    for (scheme, _seed), v in sorted(per.items()):
+        out.setdefault(scheme, []).append(float(np.mean(v)))
+    return out
+
+
+def band_scores(correlations: Mapping, term: str) -> dict[str, list[float]]:
+    """Band score of ``term`` per seed, keyed by the scheme's name (``results/correlations.json``)."""
+    return {label.split()[0]: list(e["terms"][term]["values"]) for label, e in correlations["schemes"].items()
+            if term in e["terms"]}
+
+
+#: the tables compared across scales: (key, label, higher is better)
+TABLES = (
+    ("lm_ratio", "LM: ppl({top}L) / ppl(L)", False),
+    ("mlm_accuracy", "MLM accuracy", True),
+    ("retrieval_1", "retrieval exact match at L", True),
+    ("retrieval_4", "retrieval exact match at 4L", True),
+    ("reach_top", "attention distance at {top}L", True),
+    ("band_pp", "band score, position-position", True),
+    ("band_wp", "band score, word-position", True),
+)
+
+
+def samples(lm: Mapping, mlm: Mapping, retrieval: Mapping, reach_rows: Sequence[Mapping], correlations: Mapping,
+            top: int) -> dict[str, dict[str, list[float]]]:
+    """Every table of ``TABLES`` of one study: {key: {scheme: per-seed values}}."""
+    return {"lm_ratio": lm_ratio(lm), "mlm_accuracy": mlm_accuracy(mlm),
+            "retrieval_1": retrieval_exact(retrieval, 1), "retrieval_4": retrieval_exact(retrieval, 4),
+            "reach_top": reach_distance(reach_rows, top),
+            "band_pp": band_scores(correlations, "position-position"),
+            "band_wp": band_scores(correlations, "word-position")}
