@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.stats import ALPHA, format_p, mean_sd, verdict, welch
+from analysis.stats import AHEAD, ALPHA, BEHIND, UNTESTED, format_p, mean_sd, verdict, welch
 from posenc.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +124,26 @@ class Study:
         for r in summary(rows.to_dict("records")).to_dict("records"):
             out.setdefault(r["scheme"], {})[str(int(r["multiple"]))] = r
         return out
+
+    @functools.cached_property
+    def reach_rows(self) -> list[dict]:
+        """The rows of ``results/reach.csv`` (one per scheme, seed, length, layer and head)."""
+        import pandas as pd
+
+        return pd.read_csv(self.path("results/reach.csv")).to_dict("records")
+
+    def samples(self, retrieval: "Study | None" = None) -> dict[str, dict[str, list[float]]]:
+        """Every table ``analysis.scales`` compares: {table: {scheme: per-seed values}}; the
+        retrieval tables from ``retrieval`` (a study with more retrieval seeds) when given."""
+        from analysis.scales import samples
+
+        return samples(self.lm, self.mlm, (retrieval or self).retrieval, self.reach_rows, self.correlations,
+                       self.top)
+
+    @property
+    def top(self) -> int:
+        """The longest evaluation length, as a multiple of L."""
+        return max(int(m) for m in str(self.params["lm"]["multipliers"]).split())
 
     def link(self, rel: str) -> str:
         """A relative link from ``docs/`` to one of this study's files (figures, tables)."""
@@ -352,6 +372,90 @@ def rank_by_steps(entries: Sequence[tuple[str, dict]]) -> list[tuple[str, dict]]
     return sorted((e for e in entries if len(e[1]["reached"]) > 1), key=lambda e: mean(reached_steps(e[1])))
 
 
+def holds(first: Comparison, second: Comparison) -> str:
+    """Whether a comparison stated at one scale holds at another: "holds" (both tested, the same
+    word), "depends on scale" (both tested, another word); when either side has too few seeds
+    for the test, the direction of the difference of means: "same direction, untested" or
+    "other direction, untested" after a claimed difference, "untested" after a level one."""
+    if UNTESTED not in (first.word, second.word):
+        return "holds" if first.word == second.word else "depends on scale"
+    if first.word in (AHEAD, BEHIND) or (first.word == UNTESTED and first.diff != 0):
+        return ("same" if (first.diff > 0) == (second.diff > 0) else "other") + " direction, untested"
+    return "untested"
+
+
+def scale_taus(a: "Study", b: "Study", retrieval: "Study | None" = None) -> list[dict]:
+    """Kendall's τ between the orderings of study ``a`` (its retrieval tables from ``retrieval``
+    when given) and study ``b`` for every table of ``analysis.scales.TABLES``, with its
+    bootstrap interval and the schemes that move (``analysis.scales.compare``)."""
+    from analysis.scales import RESAMPLES, TABLES
+    from analysis.scales import compare as kendall_compare
+
+    sa, sb = a.samples(retrieval), b.samples()
+    return [{"key": key, "label": label.format(top=a.top), "resamples": RESAMPLES,
+             **kendall_compare(sa[key], sb[key], better, resamples=RESAMPLES)}
+            for key, label, better in TABLES]
+
+
+def _values(lm: dict, s: str) -> list[float]:
+    return list(lm[s]["ratio_longest"].get("values") or []) if s in lm else []
+
+
+def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> list[dict]:
+    """The comparisons the report states about study ``a``, each made again on study ``b`` with
+    the same test (``compare``): [{"finding", "a", "b" (the words and values at each scale),
+    "verdict" (``holds``)}]. Retrieval at ``a`` reads ``retrieval`` when given (more seeds)."""
+    ra = retrieval or a
+    rows = []
+
+    def row(finding: str, ca: Comparison, cb: Comparison, show) -> None:
+        said = lambda c: "untested" if c.word == UNTESTED else c.word  # noqa: E731
+        rows.append({"finding": finding, "a": f"{said(ca)} ({show(ca)})", "b": f"{said(cb)} ({show(cb)})",
+                     "verdict": holds(ca, cb)})
+
+    ratio_diff = lambda c: f"ratio {signed(c.diff)}" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    q = a.params["lm_table"]["question"]
+    for s in sorted(a.lm):
+        if s != q and "+" not in s and _values(a.lm, s) and _values(b.lm, s) and _values(b.lm, q):
+            row(f"LM: `{s}`'s ppl({a.top}L) / ppl(L) against `{q}`'s",
+                compare(_values(a.lm, s), _values(a.lm, q), higher_is_better=False),
+                compare(_values(b.lm, s), _values(b.lm, q), higher_is_better=False), ratio_diff)
+    if all(_values(x.lm, s) for x in (a, b) for s in ("rope", "sinusoidal")):
+        row("LM: RoPE's ratio against sinusoidal's (Press et al.: RoPE degrades less)",
+            compare(_values(a.lm, "rope"), _values(a.lm, "sinusoidal"), higher_is_better=False),
+            compare(_values(b.lm, "rope"), _values(b.lm, "sinusoidal"), higher_is_better=False), ratio_diff)
+
+    ta, tb = ra.retrieval["schemes"], b.retrieval["schemes"]
+    ref = ra.retrieval["against"]
+    points = lambda c: f"{signed(100 * c.diff, 0)} points" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    for m in (4, a.top):
+        for s in sorted(ta):
+            ca_cell, cb_cell = ta[s]["lengths"].get(str(m)), (tb.get(s) or {}).get("lengths", {}).get(str(m))
+            ref_a, ref_b = ta[ref]["lengths"].get(str(m)), tb.get(ref, {}).get("lengths", {}).get(str(m))
+            if s == ref or "+" in s or not (ca_cell and cb_cell and ref_a and ref_b):
+                continue
+            row(f"retrieval: `{s}`'s exact match at {m}L against `{ref}`'s",
+                compare(ca_cell["values"], ref_a["values"]), compare(cb_cell["values"], ref_b["values"]), points)
+
+    M, M2 = a.mlm, b.mlm
+    mq = M["question"]
+    acc_diff = lambda c: f"{signed(100 * c.diff, 1)} points" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    if mq in M2["summary"]:
+        for other in M.get("tests") or {}:
+            if other in M2["summary"]:
+                row(f"MLM: `{mq}`'s accuracy against `{other}`'s",
+                    compare(M["summary"][mq]["acc"], M["summary"][other]["acc"]),
+                    compare(M2["summary"][mq]["acc"], M2["summary"][other]["acc"]), acc_diff)
+    return rows
+
+
+def fastest(entries: dict) -> str | None:
+    """The scheme (no ``+rule`` row) with the fewest mean steps to the retrieval criterion over
+    its seeds that reached it, one seed or more."""
+    reached = {s: mean(reached_steps(e)) for s, e in entries.items() if "+" not in s and e["reached"]}
+    return min(reached, key=lambda s: (reached[s], s)) if reached else None
+
+
 def at(lengths: dict, key) -> dict:
     """An entry of a table keyed by length or multiple, which JSON turned into strings."""
     return lengths[str(key)]
@@ -393,10 +497,11 @@ def mean(values: Sequence[float]) -> float:
 
 
 FILTERS = {"pct": pct, "num": num}
-TESTS = {"reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
+TESTS = {"flat_ratio": lambda v: flat(list(v)), "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None}
-HELPERS = {"flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
+HELPERS = {"scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,
+           "flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}
 

@@ -85,3 +85,49 @@ def test_samples_read_every_table_from_results_shaped_like_the_studys():
     assert s["reach_top"] == {"rope": [15.0, 30.0]}
     assert s["band_pp"] == {"cape": [1.0, 2.0], "alibi": [3.0]} and s["band_wp"] == {"cape": [0.1, 0.2]}
     assert [t[0] for t in scales.TABLES] == list(s)
+
+
+# ------------------------------------------------------------------ the report's "Across scales"
+def test_a_finding_holds_only_when_both_tests_give_the_same_word():
+    from pipelines.report import compare, holds
+
+    apart, level = compare([1.0, 1.1, 0.9], [2.0, 2.1, 1.9]), compare([1.0, 1.5, 0.5], [1.1, 1.6, 0.6])
+    assert (apart.word, level.word) == ("behind", "level with")
+    assert holds(apart, apart) == "holds" and holds(level, level) == "holds"
+    assert holds(apart, level) == "depends on scale" and holds(level, apart) == "depends on scale"
+    one_seed_same, one_seed_other = compare([1.0], [2.0]), compare([2.0], [1.0])
+    assert holds(apart, one_seed_same) == "same direction, untested"
+    assert holds(apart, one_seed_other) == "other direction, untested"
+    assert holds(level, one_seed_same) == "untested"
+
+
+class _Study:
+    """What ``scale_findings`` reads of a study, without files."""
+
+    def __init__(self, ratios: dict, acc: dict, exact4: dict, seeds: int):
+        self.params = {"lm_table": {"question": "alibi"}}
+        self.top = 16
+        self.lm = {s: {"ratio_longest": {"mean": sum(v) / len(v), "values": v}} for s, v in ratios.items()}
+        self.mlm = {"question": "fb", "tests": {"none": {}}, "summary": {s: {"acc": v} for s, v in acc.items()}}
+        self.retrieval = {"against": "none", "schemes": {s: {"lengths": {"4": {"values": v}}} for s, v in exact4.items()}}
+
+
+def test_scale_findings_make_each_stated_comparison_again_at_the_other_scale():
+    from pipelines.report import scale_findings
+
+    a = _Study({"alibi": [1.0, 1.01, 0.99], "rope": [3.0, 3.1, 2.9], "sinusoidal": [5.0, 5.2, 4.8]},
+               {"fb": [0.4, 0.41, 0.39], "none": [0.2, 0.21, 0.19]},
+               {"none": [0.9, 0.95, 0.85], "rope": [0.0, 0.05, 0.0]}, 3)
+    b = _Study({"alibi": [1.0, 1.01, 0.99], "rope": [1.0, 1.02, 0.98], "sinusoidal": [5.0, 5.2, 4.8]},
+               {"fb": [0.4, 0.41, 0.39], "none": [0.2, 0.21, 0.19]},
+               {"none": [0.9], "rope": [0.1]}, 1)
+    rows = {r["finding"]: r for r in scale_findings(a, b)}
+    rope = rows["LM: `rope`'s ppl(16L) / ppl(L) against `alibi`'s"]
+    assert rope["a"].startswith("behind") and rope["b"].startswith("level with")
+    assert rope["verdict"] == "depends on scale"
+    assert rows["LM: `sinusoidal`'s ppl(16L) / ppl(L) against `alibi`'s"]["verdict"] == "holds"
+    assert rows["LM: RoPE's ratio against sinusoidal's (Press et al.: RoPE degrades less)"]["verdict"] == "holds"
+    assert rows["MLM: `fb`'s accuracy against `none`'s"]["verdict"] == "holds"
+    retrieval = rows["retrieval: `rope`'s exact match at 4L against `none`'s"]
+    assert retrieval["b"].startswith("untested (-80 points") and retrieval["verdict"] == "same direction, untested"
+    assert len(rows) == 5

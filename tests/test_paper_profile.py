@@ -1,0 +1,91 @@
+"""The paper profile (``profiles/paper``: WikiText-103, L = 512, ``model=base``, three tasks,
+RoPE's context-extension rules) composes and runs end to end: every job of its pipeline for
+one step, on CPU, so that whoever has the GPUs it is sized for can start it knowing it works.
+
+Only what cannot run here is changed, and the test says which: the trainer (CPU), the
+counts (one step, one seed, batches of one or two, few evaluation tokens and trials, lengths
+L and 2L, the fine-tune rule's 200 steps cut to 1) and the corpus, which is not on this
+machine: WikiText-2's first lines stand in for WikiText-103 under its name and file layout.
+The model, the training length, the vocabulary size, the learning rates and the schemes with
+their tasks and rules are the paper profile's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .conftest import REPO
+from .test_dvc import _copy_project, _dvc
+
+#: what this test changes in profiles/paper/params.yaml, and nothing else
+ONE_STEP = {
+    "trainer": "cpu",
+    "seeds": "0",
+    "workers": 2,
+    "threads": 1,
+    "lm": {"steps": 1, "batch_size": 1, "multipliers": "1 2", "max_tokens": 1024},
+    "mlm": {"steps": 1, "batch_size": 2},
+    "retrieval": {"cap": 1, "validate_every": 1, "validation_windows": 2, "batch_size": 1, "seeds": "0",
+                  "trials": 1, "attention_trials": 1},
+    "correlations": {"batches": 1},
+}
+
+
+def _one_step(paper: dict) -> dict:
+    out = json.loads(json.dumps(paper))
+    for key, value in ONE_STEP.items():
+        if isinstance(value, dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    for spec in out["schemes"].values():  # a fine-tune rule <rule>@<m>x<n>: one step, not n
+        spec["extensions"] = re.sub(r"@(\d+)x\d+", r"@\1x1", spec["extensions"])
+    return out
+
+
+@pytest.mark.slow
+def test_the_paper_profile_runs_one_step_of_every_job_on_cpu(tmp_path, data_root, monkeypatch):
+    paper = yaml.safe_load((REPO / "profiles/paper/params.yaml").read_text())
+    project = tmp_path / "project"
+    project.mkdir()
+    _copy_project(project)
+    (project / "profiles/paper").mkdir(parents=True)
+    (project / "profiles/paper/params.yaml").write_text(yaml.safe_dump(_one_step(paper), sort_keys=False))
+    # WikiText-103's layout, with a slice of WikiText-2 in it
+    corpus = tmp_path / "data" / "wikitext-103"
+    corpus.mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        lines = (data_root / "wikitext-2" / f"{split}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+        (corpus / f"{split}.txt").write_text("".join(lines[: 3000 if split == "train" else 400]), encoding="utf-8")
+    monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path / "data"))
+
+    made = subprocess.run([sys.executable, "-m", "pipelines.profile", "paper", "--write"], cwd=project,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(project / "src")})
+    assert made.returncode == 0, made.stderr[-2000:]
+    run = _dvc(project, "repro", "profiles/paper/dvc.yaml")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-4000:]
+
+    base = project / "profiles/paper"
+    schemes = set(paper["schemes"])
+    assert {p.stem for p in (base / "results/runs").glob("*.json")} == schemes
+    lm = json.loads((base / "results/lm_table.json").read_text())
+    assert schemes <= {s.split("+")[0] for s in lm} and {"rope+pi", "rope+ntk", "rope+yarn", "rope+pi+ft4L"} <= set(lm)
+    mlm = json.loads((base / "results/mlm_table.json").read_text())
+    assert set(mlm["summary"]) == {s for s, e in paper["schemes"].items() if "mlm" in e["tasks"].split()}
+    retrieval = json.loads((base / "results/retrieval_table.json").read_text())
+    assert schemes <= set(retrieval["schemes"])
+    for f in ("figures/extrapolation.png", "figures/retrieval/grid.png", "figures/correlations/overview.png",
+              "results/correlations.json", "results/reach.csv", "results/mlflow_study.json"):
+        assert (base / f).stat().st_size > 0, f
+    # the runs are the paper profile's: model=base at L = 512 on the 16k-token vocabulary
+    cfg = yaml.safe_load((base / "runs/alibi/lm-s0/config.yaml").read_text())
+    assert (cfg["model"]["d_model"], cfg["model"]["n_layers"], cfg["data"]["seq_len"]) == (512, 8, 512)
+    assert cfg["data"]["corpus"]["name"] == "wikitext103" and cfg["data"]["vocab_size"] == 16384
+    assert cfg["optim"]["lr"] == pytest.approx(6.0e-4)
