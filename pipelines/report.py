@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.stats import AHEAD, ALPHA, BEHIND, UNTESTED, format_p, mean_sd, verdict, welch
+from analysis.stats import AHEAD, ALPHA, BEHIND, LEVEL, UNTESTED, format_p, mean_sd, verdict, welch
 from posenc.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,16 +372,27 @@ def rank_by_steps(entries: Sequence[tuple[str, dict]]) -> list[tuple[str, dict]]
     return sorted((e for e in entries if len(e[1]["reached"]) > 1), key=lambda e: mean(reached_steps(e[1])))
 
 
-def holds(first: Comparison, second: Comparison) -> str:
-    """Whether a comparison stated at one scale holds at another: "holds" (both tested, the same
-    word), "depends on scale" (both tested, another word); when either side has too few seeds
-    for the test, the direction of the difference of means: "same direction, untested" or
-    "other direction, untested" after a claimed difference, "untested" after a level one."""
+def holds(first: Comparison, second: Comparison, names: tuple[str, str] = ("the first", "the second")) -> str:
+    """Whether a comparison stated at one scale holds at another, from the two tests:
+    "holds" (the same word), "reversed" (apart in opposite directions) or "apart in <name>
+    only" (apart at one scale, level at the other: the comparison depends on scale, or the
+    level side's seeds are too few to tell); when either side has too few seeds for the test,
+    the direction of the difference of means: "same direction, untested" or "other direction,
+    untested" after a claimed difference, "untested" after a level one."""
     if UNTESTED not in (first.word, second.word):
-        return "holds" if first.word == second.word else "depends on scale"
+        if first.word == second.word:
+            return "holds"
+        if LEVEL not in (first.word, second.word):
+            return "reversed"
+        return f"apart in {names[0] if first.word != LEVEL else names[1]} only"
     if first.word in (AHEAD, BEHIND) or (first.word == UNTESTED and first.diff != 0):
         return ("same" if (first.diff > 0) == (second.diff > 0) else "other") + " direction, untested"
     return "untested"
+
+
+def depends_on_scale(verdict: str) -> bool:
+    """Whether a verdict of ``holds`` says the comparison does not hold at the other scale."""
+    return verdict == "reversed" or verdict.startswith("apart in ")
 
 
 def scale_taus(a: "Study", b: "Study", retrieval: "Study | None" = None) -> list[dict]:
@@ -411,7 +422,7 @@ def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> 
     def row(finding: str, ca: Comparison, cb: Comparison, show) -> None:
         said = lambda c: "untested" if c.word == UNTESTED else c.word  # noqa: E731
         rows.append({"finding": finding, "a": f"{said(ca)} ({show(ca)})", "b": f"{said(cb)} ({show(cb)})",
-                     "verdict": holds(ca, cb)})
+                     "verdict": holds(ca, cb, (a.name, b.name))})
 
     ratio_diff = lambda c: f"ratio {signed(c.diff)}" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
     q = a.params["lm_table"]["question"]
@@ -497,7 +508,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 FILTERS = {"pct": pct, "num": num}
-TESTS = {"flat_ratio": lambda v: flat(list(v)), "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
+TESTS = {"depends_on_scale": depends_on_scale, "flat_ratio": lambda v: flat(list(v)), "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None}
 HELPERS = {"scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,

@@ -45,8 +45,10 @@ def _one_step(paper: dict) -> dict:
             out[key].update(value)
         else:
             out[key] = value
-    for spec in out["schemes"].values():  # a fine-tune rule <rule>@<m>x<n>: one step, not n
-        spec["extensions"] = re.sub(r"@(\d+)x\d+", r"@\1x1", spec["extensions"])
+    one = lambda rules: re.sub(r"@(\d+)x\d+", r"@\1x1", rules)  # noqa: E731 -- <rule>@<m>x<n>: one step, not n
+    for spec in out["schemes"].values():
+        spec["extensions"] = one(spec["extensions"])
+    out["retrieval"]["extensions"] = one(out["retrieval"]["extensions"])
     return out
 
 

@@ -94,7 +94,9 @@ def test_a_finding_holds_only_when_both_tests_give_the_same_word():
     apart, level = compare([1.0, 1.1, 0.9], [2.0, 2.1, 1.9]), compare([1.0, 1.5, 0.5], [1.1, 1.6, 0.6])
     assert (apart.word, level.word) == ("behind", "level with")
     assert holds(apart, apart) == "holds" and holds(level, level) == "holds"
-    assert holds(apart, level) == "depends on scale" and holds(level, apart) == "depends on scale"
+    assert holds(apart, level, ("default", "scale")) == "apart in default only"
+    assert holds(level, apart, ("default", "scale")) == "apart in scale only"
+    assert holds(apart, compare([2.0, 2.1, 1.9], [1.0, 1.1, 0.9])) == "reversed"
     one_seed_same, one_seed_other = compare([1.0], [2.0]), compare([2.0], [1.0])
     assert holds(apart, one_seed_same) == "same direction, untested"
     assert holds(apart, one_seed_other) == "other direction, untested"
@@ -106,6 +108,7 @@ class _Study:
 
     def __init__(self, ratios: dict, acc: dict, exact4: dict, seeds: int):
         self.params = {"lm_table": {"question": "alibi"}}
+        self.name = "a" if seeds > 1 else "b"
         self.top = 16
         self.lm = {s: {"ratio_longest": {"mean": sum(v) / len(v), "values": v}} for s, v in ratios.items()}
         self.mlm = {"question": "fb", "tests": {"none": {}}, "summary": {s: {"acc": v} for s, v in acc.items()}}
@@ -124,7 +127,7 @@ def test_scale_findings_make_each_stated_comparison_again_at_the_other_scale():
     rows = {r["finding"]: r for r in scale_findings(a, b)}
     rope = rows["LM: `rope`'s ppl(16L) / ppl(L) against `alibi`'s"]
     assert rope["a"].startswith("behind") and rope["b"].startswith("level with")
-    assert rope["verdict"] == "depends on scale"
+    assert rope["verdict"] == "apart in a only"
     assert rows["LM: `sinusoidal`'s ppl(16L) / ppl(L) against `alibi`'s"]["verdict"] == "holds"
     assert rows["LM: RoPE's ratio against sinusoidal's (Press et al.: RoPE degrades less)"]["verdict"] == "holds"
     assert rows["MLM: `fb`'s accuracy against `none`'s"]["verdict"] == "holds"
