@@ -460,11 +460,19 @@ def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> 
     return rows
 
 
-def fastest(entries: dict) -> str | None:
-    """The scheme (no ``+rule`` row) with the fewest mean steps to the retrieval criterion over
-    its seeds that reached it, one seed or more."""
+def fastest(entries: dict) -> list[str]:
+    """The schemes (no ``+rule`` row) with the fewest mean steps to the retrieval criterion over
+    their seeds that reached it, one seed or more: several when they tie, in name order."""
     reached = {s: mean(reached_steps(e)) for s, e in entries.items() if "+" not in s and e["reached"]}
-    return min(reached, key=lambda s: (reached[s], s)) if reached else None
+    return sorted(s for s, v in reached.items() if v == min(reached.values()))
+
+
+def exact_range(entries: dict, multiple: int) -> tuple[float, float] | None:
+    """(lowest, highest) mean exact match at ``multiple`` x L over the schemes (no ``+rule``
+    row) of a retrieval summary; None when none has a value there."""
+    means = [e["lengths"][str(multiple)]["mean"] for s, e in entries.items()
+             if "+" not in s and str(multiple) in e["lengths"]]
+    return (min(means), max(means)) if means else None
 
 
 def at(lengths: dict, key) -> dict:
@@ -511,7 +519,7 @@ FILTERS = {"pct": pct, "num": num}
 TESTS = {"depends_on_scale": depends_on_scale, "flat_ratio": lambda v: flat(list(v)), "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None}
-HELPERS = {"scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,
+HELPERS = {"exact_range": exact_range, "scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,
            "flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}

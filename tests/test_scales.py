@@ -134,3 +134,14 @@ def test_scale_findings_make_each_stated_comparison_again_at_the_other_scale():
     retrieval = rows["retrieval: `rope`'s exact match at 4L against `none`'s"]
     assert retrieval["b"].startswith("untested (-80 points") and retrieval["verdict"] == "same direction, untested"
     assert len(rows) == 5
+
+
+def test_the_fastest_to_the_criterion_are_all_that_tie_and_the_range_at_a_length():
+    from pipelines.report import exact_range, fastest
+
+    entries = {"a": {"reached": [0], "steps": {"0": 900}, "lengths": {"1": {"mean": 0.9}}},
+               "b": {"reached": [0, 1], "steps": {"0": 800, "1": 1000}, "lengths": {"1": {"mean": 0.96}}},
+               "c": {"reached": [], "steps": {"0": None}, "lengths": {"1": {"mean": 0.2}}},
+               "a+yarn": {"reached": [0], "steps": {"0": 100}, "lengths": {"1": {"mean": 0.1}}}}
+    assert fastest(entries) == ["a", "b"]  # 900 each; a rule's row and a scheme that never reached it do not count
+    assert exact_range(entries, 1) == (0.2, 0.96) and exact_range(entries, 4) is None
