@@ -6,9 +6,12 @@ Only what cannot run here is changed, and the test says which: the trainer (CPU)
 counts (one step, one seed, batches of one or two, few evaluation tokens and trials, lengths
 L and 2L, the fine-tune rule's 200 steps cut to 1) and the corpus, which is not on this
 machine: WikiText-2's first lines stand in for WikiText-103 under its name and file layout.
-The model, the training length, the vocabulary size, the learning rates and the schemes with
-their tasks and rules are the paper profile's own. One validation and one test batch of one
-window (``ONE_BATCH``), since every window of ``model=base`` is slow on a CPU.
+The training length, the vocabulary size, the learning rates, the heads and the schemes with
+their tasks and rules are the paper profile's own. Two things more are cut for a CPU and its
+disk: one validation and one test batch of one window, and the model's width and depth
+(``NARROW``: 47 runs of ``model=base`` write over 40 GB of checkpoints). So every job of
+every scheme and task is also composed with the profile's full settings and ``model=base``,
+and checked (``check_config``), without training.
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ ONE_STEP = {
                   "trials": 1, "attention_trials": 1},
     "correlations": {"batches": 1},
 }
-#: appended to the profile's own `common` overrides: one validation and one test batch of one window
+#: appended to the profile's own `common` overrides: one validation and one test batch of one
+#: window, and a narrow model of `model=base`'s kind (its 47 runs at full size write over 40 GB of
+#: checkpoints); the full `model=base` of every job is composed and checked apart
 ONE_BATCH = " trainer.limit_val_batches=1 trainer.limit_test_batches=1 data.eval_batch_size=1"
+NARROW = " model.d_model=64 model.d_ff=128 model.n_layers=2"
 
 
 def _one_step(paper: dict) -> dict:
@@ -52,8 +58,32 @@ def _one_step(paper: dict) -> dict:
     for spec in out["schemes"].values():
         spec["extensions"] = one(spec["extensions"])
     out["retrieval"]["extensions"] = one(out["retrieval"]["extensions"])
-    out["common"] += ONE_BATCH
+    out["common"] += ONE_BATCH + NARROW
     return out
+
+
+def test_every_job_of_the_paper_profile_composes_with_its_own_settings_and_passes_the_checks():
+    from posenc.config import check_config, compose
+
+    paper = yaml.safe_load((REPO / "profiles/paper/params.yaml").read_text())
+    lm, mlm, ret = paper["lm"], paper["mlm"], paper["retrieval"]
+    own = {"lm": [f"data.seq_len={lm['train_len']}", f"model.max_len={lm['train_len']}",
+                  f"data.batch_size={lm['batch_size']}", f"trainer.max_steps={lm['steps']}"],
+           "mlm": [f"data.seq_len={mlm['seq_len']}", f"model.max_len={mlm['seq_len']}",
+                   f"data.batch_size={mlm['batch_size']}", f"trainer.max_steps={mlm['steps']}", *mlm["overrides"].split()],
+           "retrieval": [f"data.seq_len={lm['train_len']}", f"model.max_len={lm['train_len']}",
+                         f"data.batch_size={ret['batch_size']}", f"trainer.max_steps={ret['cap']}",
+                         "criterion.metric=val/exact", f"criterion.value={ret['criterion']}"]}
+    checked = 0
+    for scheme, spec in paper["schemes"].items():
+        for task in spec["tasks"].split():
+            cfg = compose([f"encoding={scheme}", f"task={task}", f"data={paper['data']}",
+                           f"data.vocab_size={paper['vocab_size']}", f"model={paper['model']}", "trainer=cpu",
+                           *paper["common"].split(), *own[task], *spec["overrides"].split()])
+            check_config(cfg)
+            assert (cfg.model.d_model, cfg.model.n_layers, cfg.data.corpus.name) == (512, 8, "wikitext103")
+            checked += 1
+    assert checked == sum(len(s["tasks"].split()) for s in paper["schemes"].values()) == 44
 
 
 @pytest.mark.slow
@@ -90,8 +120,8 @@ def test_the_paper_profile_runs_one_step_of_every_job_on_cpu(tmp_path, data_root
     for f in ("figures/extrapolation.png", "figures/retrieval/grid.png", "figures/correlations/overview.png",
               "results/correlations.json", "results/reach.csv", "results/mlflow_study.json"):
         assert (base / f).stat().st_size > 0, f
-    # the runs are the paper profile's: model=base at L = 512 on the 16k-token vocabulary
+    # the runs are the paper profile's, narrowed: L = 512 on the 16k-token vocabulary, base's heads
     cfg = yaml.safe_load((base / "runs/alibi/lm-s0/config.yaml").read_text())
-    assert (cfg["model"]["d_model"], cfg["model"]["n_layers"], cfg["data"]["seq_len"]) == (512, 8, 512)
+    assert (cfg["model"]["n_heads"], cfg["model"]["d_model"], cfg["data"]["seq_len"]) == (8, 64, 512)
     assert cfg["data"]["corpus"]["name"] == "wikitext103" and cfg["data"]["vocab_size"] == 16384
     assert cfg["optim"]["lr"] == pytest.approx(6.0e-4)
