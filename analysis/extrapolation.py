@@ -1,8 +1,8 @@
 """Perplexity against evaluation length (Press, Smith & Lewis 2022, Figure 1), as
 small multiples by family of scheme.
 
-    python -m analysis.extrapolation results/extrapolation/*.csv --out figures/extrapolation
-    python -m analysis.extrapolation results/extrapolation/*.csv --schemes alibi rope sinusoidal
+    python -m pipelines.extrapolation_figure results/extrapolation/*.csv --out figures/extrapolation
+    python -m pipelines.extrapolation_figure results/extrapolation/*.csv --schemes alibi rope sinusoidal
 
 Reads results files written by ``pipelines.extrapolate`` (.csv or .json) and draws
 one column per family of scheme present among the drawn schemes, in the order of
@@ -51,9 +51,7 @@ the list of the available ones. Writes <out>.png and <out>.svg.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -299,27 +297,3 @@ def plot(
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
     return fig, save_figure(fig, stem, bbox_inches="tight")
-
-
-def main(argv: list[str] | None = None) -> list[Path]:
-    p = argparse.ArgumentParser(prog="python -m analysis.extrapolation", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("results", nargs="+", help="results files (.csv or .json) from pipelines.extrapolate")
-    p.add_argument("--out", default="figures/extrapolation", help="output stem: writes <out>.png and <out>.svg")
-    p.add_argument("--method", default="nonoverlapping", choices=["nonoverlapping", "sliding"])
-    p.add_argument("--title")
-    p.add_argument("--schemes", nargs="+", metavar="SCHEME",
-                   help="draw only these schemes (plus none as the reference when the data has it)")  # fmt: skip
-    a = p.parse_args(argv)
-    try:
-        fig, files = plot(a.results, a.out, a.method, a.title, schemes=a.schemes)
-    except ValueError as e:
-        p.error(str(e))
-    plt.close(fig)
-    for f in files:
-        print(f)
-    return files
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

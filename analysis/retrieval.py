@@ -52,12 +52,14 @@ RUN_COLUMNS = ("scheme", "seed", "steps", "criterion_step")
 
 
 def run_records(studies: Sequence[dict]) -> pd.DataFrame:
-    """The retrieval runs of the study stages' results (``results/runs/<scheme>.json``,
+    """The retrieval runs (those of a task scored on the grid, ``posenc.tasks``) of the study stages' results (``results/runs/<scheme>.json``,
     read): scheme, seed, the steps trained and the step the criterion was reached at
     (NaN when the cap came first)."""
+    from posenc.tasks import load
+
     rows = [{"scheme": r["scheme"], "seed": int(r["seed"]), "steps": int(r["global_step"]),
              "criterion_step": r.get("criterion_step", math.nan)}
-            for study in studies for r in study["runs"] if r["task"] == "retrieval"]
+            for study in studies for r in study["runs"] if load(r["task"]).evaluation == "grid"]
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 

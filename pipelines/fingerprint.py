@@ -2,7 +2,10 @@
 
     python -m pipelines.fingerprint --params params.yaml --out-dir results/fingerprints [--check]
 
-For each scheme under ``schemes:`` in the params file, writes
+First, every scheme must take every task it is listed for (``posenc.tasks.misfits``: a
+causal-only scheme in a bidirectional task is refused, naming the scheme, the task and the
+fix), so that a misfit stops the pipeline before any run trains. Then, for each scheme
+under ``schemes:`` in the params file, writes
 ``<out-dir>/<scheme>.json`` (``posenc.fingerprint.scheme_fingerprint``: the
 scheme's config and the digest of every function and class of the project its
 class reaches), and says per scheme whether it is new, unchanged or changed and
@@ -21,8 +24,12 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
+from posenc.errors import ConfigError
 from posenc.files import write_text
 from posenc.fingerprint import changed_parts, scheme_fingerprint
+from posenc.tasks import misfits
 
 from .gather import study_schemes
 
@@ -40,6 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out_dir)
     schemes = study_schemes(a.params)
+    # every scheme takes every task it is listed for: refused here, the first stage, before any training
+    params = yaml.safe_load(Path(a.params).read_text())
+    try:
+        refused = [m for name in schemes for m in misfits(name, str(params["schemes"][name].get("tasks", "")).split())]
+    except (ConfigError, FileNotFoundError, ImportError) as e:
+        print(f"error: {a.params}: {e}", file=sys.stderr)
+        return 2
+    if refused:
+        print("\n".join(f"error: {m}" for m in refused), file=sys.stderr)
+        return 2
     changed = 0
     for name in schemes:
         try:

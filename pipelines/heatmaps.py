@@ -30,16 +30,31 @@ from pathlib import Path
 from posenc.files import write_json
 from posenc.runs import RunFolder
 
-TASKS = ("mlm", "lm")  # the masked-LM runs when there are any
+def first_layer_task(names) -> str | None:
+    """Of the tasks ``names``, the one whose runs the Ke et al. maps read: a bidirectional one
+    (the masked LM, as Ke et al.'s BERT) when there is one, else one scored at every length
+    (the causal LM); None when neither (``posenc.tasks``)."""
+    from posenc.tasks import load
+
+    names = sorted(set(names))
+    return next((t for t in names if not load(t).causal), None) or reach_task(names)
 
 
-def checkpoints(runs_file: str | Path, tasks: tuple[str, ...] = TASKS) -> list[Path]:
-    """The last checkpoint of every run of the scheme's first task in ``tasks`` that it has."""
+def reach_task(names) -> str | None:
+    """Of the tasks ``names``, the one whose runs attention reach reads: scored at every length."""
+    from posenc.tasks import load
+
+    return next((t for t in sorted(set(names)) if load(t).evaluation == "lengths"), None)
+
+
+def checkpoints(runs_file: str | Path, choose=first_layer_task) -> list[Path]:
+    """The last checkpoint of every run of the scheme's task that ``choose`` picks among its tasks."""
     doc = json.loads(Path(runs_file).read_text())
     runs = doc["runs"]
-    task = next((t for t in tasks if any(r["task"] == t for r in runs)), None)
+    task = choose([r["task"] for r in runs])
     if task is None:
-        raise SystemExit(f"{runs_file}: no {' or '.join(tasks)} runs")
+        raise SystemExit(f"{runs_file}: no runs of a task these maps read (tasks: "
+                         f"{', '.join(sorted({r['task'] for r in runs})) or 'none'})")
     ckpts = [RunFolder(r["run_dir"]).last for r in sorted(runs, key=lambda r: r["seed"])
              if r["task"] == task]
     missing = [str(c) for c in ckpts if not c.is_file()]
@@ -88,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         from posenc.retrieval import write_rows
 
         rules = [None] + [e for spec in a.extensions for e in spec.split() if "@" not in e]  # "a b" from DVC
-        has_lm = any(r["task"] == "lm" for r in json.loads(Path(a.runs).read_text())["runs"])
-        ckpts = checkpoints(a.runs, ("lm",)) if has_lm else []  # no causal-LM runs: a header alone
+        has_lm = reach_task(r["task"] for r in json.loads(Path(a.runs).read_text())["runs"]) is not None
+        ckpts = checkpoints(a.runs, reach_task) if has_lm else []  # no causal-LM runs: a header alone
         rows = [r for c in ckpts for e in rules for r in checkpoint_reach(c, a.multipliers, e)]
         write_rows(rows, a.reach, COLUMNS)
         print(f"{a.scheme}: attention distance and entropy of {len(rows)} (run, rule, length, layer, head) cells")

@@ -120,7 +120,7 @@ def code_changed(root: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     a = parse_args(argv)
-    from posenc.tracking import project_root
+    from posenc.files import project_root
 
     root = project_root()
     paths = [Path(x) for x in a.paths]

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
 
     res = resolve_checkpoint(a.run, "last")
     cfg = OmegaConf.create(stored_run(load_state(res.path), res.path)["cfg"])
-    if cfg.task.objective != "retrieval":
+    from posenc.tasks import build as build_task
+
+    if build_task(cfg.task).evaluation != "grid":
         p.error(f"{a.run} is a task={cfg.task.name} run, not a retrieval one")
     rows = grid_job(str(res.path.parent.parent), cfg, a.multipliers, a.extensions,
                     grid_settings(a))

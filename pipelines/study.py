@@ -121,8 +121,11 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     from posenc.runs import RunFolder
     from posenc.train import train
 
+    from posenc.tasks import build as build_task
+
     base = [f"encoding={scheme}", f"task={task}", f"seed={seed}", *overrides]
     cfg = compose(base)
+    scored_on_grid = build_task(cfg.task).evaluation == "grid"
     t = time.perf_counter()
     metrics = train(cfg, out_dir=out_dir)
     train_s = time.perf_counter() - t
@@ -134,7 +137,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     for spec in [None, *extensions] if extrapolate else []:
         rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
         if not mult:  # the run itself, plain or with a rule switched on
-            if task == "retrieval":
+            if scored_on_grid:
                 grids.append({"run_dir": out_dir, "extension": rule, "base_len": L, "extra": None})
                 continue
             t = time.perf_counter()
@@ -147,7 +150,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
               out_dir=tuned_dir)
         train_s += time.perf_counter() - t
         label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "extension": spec}
-        if task == "retrieval":
+        if scored_on_grid:
             grids.append({"run_dir": tuned_dir, "extension": None, "base_len": L, "extra": label})
             continue
         t = time.perf_counter()
@@ -159,6 +162,14 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
             **{k: metrics[k] for k in keep if k in metrics},
             "train_s": round(train_s, 2), "eval_s": round(eval_s, 2), "started": started, "rows": rows,
             "grids": grids, "tracking_uri": cfg.logger.tracking_uri if cfg.get("logger") else None}
+
+
+def misfits(scheme: str, tasks: list[str]) -> list[str]:
+    """Why the scheme cannot take each of its tasks that refuses it (``posenc.tasks.misfits``),
+    run on the pool, whose server has imported the schemes."""
+    from posenc.tasks import misfits as refusals
+
+    return refusals(scheme, tasks)
 
 
 def timed(fn, *args):
@@ -184,7 +195,7 @@ def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
     tokens = sorted({RunFolder(r["run_dir"]).info()["identity"]["data.tokens_sha256"] for r in done})
     settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
                 "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
-    if "retrieval" in a.tasks:  # added only with the task: the digests of the other studies stay as they were
+    if "grid" in a.evaluation.values():  # added only with the task: the digests of the other studies stay as they were
         settings["retrieval"] = {"overrides": shlex.split(a.retrieval), "seeds": a.retrieval_seeds, **a.grid}
     return {"core": files_digest(), "scheme": scheme_fingerprint(a.scheme)["digest"],
             "settings": json_digest(settings)}
@@ -224,10 +235,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.retrieval_extensions = [x for e in a.retrieval_extensions for x in e.split()]
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
-    if "lm" in a.tasks and not a.extrapolation:
-        p.error("--extrapolation is required when the causal-LM task is run")
-    if "retrieval" in a.tasks and not a.retrieval_results:
-        p.error("--retrieval-results is required when the retrieval task is run")
+    from posenc.tasks import load  # light: no torch in the parent before the pool starts
+
+    # what each task does with a trained run: "lengths" writes --extrapolation, "grid" --retrieval-results
+    a.evaluation = {t: load(t).evaluation for t in a.tasks}
+    kinds = set(a.evaluation.values())
+    if "lengths" in kinds and not a.extrapolation:
+        p.error("--extrapolation is required when a task scored at every length (the causal LM) is run")
+    if "grid" in kinds and not a.retrieval_results:
+        p.error("--retrieval-results is required when a task scored on the retrieval grid is run")
     check_grid_arguments(p, a)
     a.grid = grid_settings(a)
     a.retrieval_seeds = a.retrieval_seeds or a.seeds
@@ -241,25 +257,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    jobs = []
-    retrieval_rules = [e for e in a.extensions if e in a.retrieval_extensions]
-    # the longest jobs first: retrieval (training and its grid), then causal LM (it also evaluates)
-    for task in sorted(a.tasks, key=["retrieval", "lm", "mlm"].index):
-        for seed in a.retrieval_seeds if task == "retrieval" else a.seeds:
-            overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(getattr(a, task))
-            extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if task != "mlm" else None
-            rules = {"lm": a.extensions, "retrieval": retrieval_rules}.get(task, [])
-            jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra, rules))
-    if Path(a.runs_dir).is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
-        shutil.rmtree(a.runs_dir)
+    seeds = {"retrieval": a.retrieval_seeds}  # a task's seeds, when its flag gives its own
+    n = sum(len(seeds.get(task, a.seeds)) for task in a.tasks)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    done, failed, n = [], [], len(jobs)
+    done, failed = [], []
     grids: dict[tuple, dict] = {}  # (seed, grid index) -> the grid, its rows and its cells left
     try:
         with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
                                  initargs=(a.threads,)) as pool:
+            # the scheme takes every task, or nothing runs (the pool has imported its class: the parent need not)
+            refused = pool.submit(misfits, a.scheme, a.tasks).result()
+            if refused:
+                print("\n".join(["study refused, nothing was run:"] + refused), file=sys.stderr)
+                return 2
+            evaluation = a.evaluation
+            jobs = []
+            retrieval_rules = [e for e in a.extensions if e in a.retrieval_extensions]
+            rules = {"lm": a.extensions, "retrieval": retrieval_rules}  # a task's rules, from its flag
+            # the longest jobs first: a run scored on its grid (training and the grid), then the runs
+            # scored at every length, then the rest
+            for task in sorted(a.tasks, key=lambda t: ["grid", "lengths", None].index(evaluation[t])):
+                for seed in seeds.get(task, a.seeds):
+                    overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(getattr(a, task))
+                    extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if evaluation[task] else None
+                    jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
+                                 rules.get(task, [])))
+            if Path(a.runs_dir).is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
+                shutil.rmtree(a.runs_dir)
             pending = {pool.submit(run_job, *job): ("run", job) for job in jobs}
             # imported while the workers train: the parent itself never imports Lightning
             from pipelines.retrieval import finish_grid, score_cells
@@ -317,16 +343,17 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(["study failed:"] + failed), file=sys.stderr)
         return 1
     done.sort(key=lambda r: (r["task"], r["seed"]))
-    rows = {t: [row for r in done if r["task"] == t for row in r["rows"]] for t in a.tasks}
+    # rows by what the task scores its runs on: perplexity at every length, or the retrieval grid
+    rows = {kind: [row for r in done if evaluation[r["task"]] == kind for row in r["rows"]] for kind in ("lengths", "grid")}
     for r in done:
         del r["rows"]
-    if "lm" in a.tasks:
-        write_results(rows["lm"], a.extrapolation)
+    if a.extrapolation and any(evaluation[t] == "lengths" for t in a.tasks):
+        write_results(rows["lengths"], a.extrapolation)
     if a.retrieval_results:  # without the task, a header alone (the stage's output all the same)
         from posenc.retrieval import write_rows
 
         order = lambda r: (r["scheme"], r["seed"], r["length"], r["depth"])  # noqa: E731 -- grids finish in any order
-        write_rows(sorted(rows.get("retrieval", []), key=order), a.retrieval_results)
+        write_rows(sorted(rows["grid"], key=order), a.retrieval_results)
     for r in done:
         r["run_dir"] = portable_path(r["run_dir"])
     timing = {

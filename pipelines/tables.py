@@ -127,10 +127,13 @@ def lm_markdown(table: dict, question: str | None = None) -> str:
 
 # ------------------------------------------------------------------ masked LM
 def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
+    """{scheme: its runs} of the bidirectional task (``posenc.tasks``: the masked LM)."""
+    from posenc.tasks import load
+
     runs = defaultdict(list)
     for f in run_files:
         for r in json.loads(Path(f).read_text())["runs"]:
-            if r["task"] == "mlm":
+            if not load(r["task"]).causal:
                 runs[r["scheme"]].append(r)
     if not runs:
         raise SystemExit("no masked-LM runs in " + " ".join(map(str, run_files)))

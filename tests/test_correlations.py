@@ -27,6 +27,8 @@ from posenc.config import compose
 from omegaconf import OmegaConf
 
 from analysis import correlations as corr
+from pipelines import pretrained as pipelines_pretrained
+from pipelines import term_maps
 from analysis import heatmaps
 from analysis import terms as term_stats
 from posenc.encodings.base import TERM_NAMES
@@ -122,7 +124,7 @@ def test_checkpoint_terms_sum_to_first_layer_logits(checkpoints, data_root, enc)
     dm = run_data(module.hparams["cfg"], data_root, vocab_size=model.cfg.vocab_size, eval_batch_size=3)
     (x,) = term_stats.sample_batches(dm, 1)
     assert x.shape == (3, SEQ_LEN)
-    if cfg.task.objective == "mlm":  # the model's own data: masked inputs after [CLS]
+    if cfg.task.cls:  # the model's own data: masked inputs after [CLS]
         assert (x[:, 0] == x[0, 0]).all()
     terms = model.first_layer_terms(x)
     assert set(terms) == SCHEMES[enc][1]
@@ -151,7 +153,7 @@ def test_correlation_cli_writes_figures_and_json(checkpoints, data_root, tmp_pat
 
     out, js = tmp_path / "fig", tmp_path / "res" / "corr.json"
     args = [a for enc in SCHEMES for a in ("--ckpt", str(checkpoints[enc]))]
-    rc = corr.main(args + ["--out-dir", str(out), "--json", str(js), "--batches", "1", "--batch-size", "4",
+    rc = term_maps.main(args + ["--out-dir", str(out), "--json", str(js), "--batches", "1", "--batch-size", "4",
                            "--length", "16", "--data-dir", str(data_root), "--no-heads"])  # fmt: skip
     assert rc == 0
     res = json.loads(js.read_text())
@@ -178,7 +180,7 @@ def test_correlation_cli_writes_figures_and_json(checkpoints, data_root, tmp_pat
     assert img.ndim == 3 and img.shape[0] > 300
     assert "position-position" in capsys.readouterr().out
     assert not list(out.glob(".*.tmp")) and not list(js.parent.glob(".*.tmp"))  # atomic writes left nothing
-    assert corr.main(["--ckpt", str(tmp_path / "missing.ckpt"), "--json", str(js)]) == 2
+    assert term_maps.main(["--ckpt", str(tmp_path / "missing.ckpt"), "--json", str(js)]) == 2
 
 
 def test_absent_terms_are_empty_panels_and_heads_figure(tmp_path):
@@ -253,7 +255,7 @@ def test_minilm_logits_match_transformers_bert(minilm):
 def test_pretrained_cli_writes_figure_and_json(minilm, data_root, tmp_path, capsys):
     pre = minilm[0]
     out, js = tmp_path / "fig", tmp_path / "minilm.json"
-    rc = pre.main(["--out-dir", str(out), "--json", str(js), "--n", "4", "--length", "48", "--no-heads",
+    rc = pipelines_pretrained.main(["--out-dir", str(out), "--json", str(js), "--n", "4", "--length", "48", "--no-heads",
                    "--data-dir", str(data_root)])  # fmt: skip
     assert rc == 0
     res = json.loads(js.read_text())
@@ -267,4 +269,4 @@ def test_pretrained_cli_writes_figure_and_json(minilm, data_root, tmp_path, caps
     for x in ("png", "svg"):
         assert (out / f"minilm_l6_v2.{x}").stat().st_size > 0
     assert "minilm_l6_v2" in capsys.readouterr().out
-    assert pre.main(["--data-dir", str(tmp_path / "nowhere"), "--json", str(js)]) == 2
+    assert pipelines_pretrained.main(["--data-dir", str(tmp_path / "nowhere"), "--json", str(js)]) == 2

@@ -274,7 +274,8 @@ def test_learned_not_applicable_past_its_table(tmp_path, data_root, cache_dir):
 def test_figure_has_a_panel_per_family_and_one_line_per_scheme(tmp_path):
     import matplotlib.pyplot as plt
 
-    from analysis.extrapolation import line_schemes, main, plot, scheme_lines
+    from analysis.extrapolation import line_schemes, plot, scheme_lines
+    from pipelines.extrapolation_figure import main
 
     rng = np.random.default_rng(0)
     files = []

@@ -179,7 +179,8 @@ def test_figure_has_a_column_per_family_with_the_reference_in_each(results, tmp_
 
 
 def test_figure_draws_only_the_schemes_asked_for(results, tmp_path):
-    from analysis.extrapolation import line_schemes, main, plot
+    from analysis.extrapolation import line_schemes, plot
+    from pipelines.extrapolation_figure import main
 
     fig, _ = plot(results, tmp_path / "sub", schemes=["rope", "alibi"])
     ppl, ratio = _panels(fig)

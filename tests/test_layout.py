@@ -38,3 +38,61 @@ def test_the_run_folder_layout_is_named_in_runs_alone():
     names = r"""["'](run\.json|config\.yaml|metrics\.json|last\.ckpt|checkpoints)["']"""
     spelt = [p.relative_to(REPO).as_posix() for p in CODE if re.search(names, p.read_text())]
     assert spelt == ["src/posenc/runs.py"]
+
+
+def test_the_import_graph_has_no_circle_counting_imports_inside_functions():
+    from .imports import circles, graph
+
+    edges = graph()
+    assert circles(edges) == []
+    # the direction the layers keep: a task reads the data, the run folder writes to MLflow
+    assert "posenc.data" in edges["posenc.tasks"] and "posenc.tasks" not in edges["posenc.data"]
+    assert "posenc.tracking" in edges["posenc.runs"] and "posenc.runs" not in edges["posenc.tracking"]
+
+
+def test_the_circle_finder_sees_a_circle_hidden_in_a_function(tmp_path):
+    from .imports import circles, graph
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import g\n    return g\n")
+    (pkg / "c.py").write_text("from pkg import a\n")
+    edges = graph({"pkg": pkg})
+    assert edges["pkg.a"] == {"pkg.b"} and edges["pkg.b"] == {"pkg.a"} and edges["pkg.c"] == {"pkg.a"}
+    assert circles(edges) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_module_but_the_tasks_switches_on_a_task_name():
+    """What a task does is asked of its task object (``posenc.tasks``: its dataset, scored
+    targets, checks, metrics and evaluation); no other module compares a task's name (or the
+    old ``objective``) with a value, in the library, the analysis or the pipelines."""
+    names = "|".join(p.stem for p in (REPO / "conf/task").glob("*.yaml"))
+    switch = re.compile(rf"""(objective|task(\.name)?|\[["']task["']\])\s*(==|!=|in)\s*[\(\["']"""
+                        rf"""|(==|!=)\s*["']({names}|causal)["']|["']({names})["']\s+(not\s+)?in\s""")
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in CODE if p.name != "tasks.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if switch.search(line)]
+    assert found == []
+
+
+def test_computation_imports_no_plotting_library():
+    """Statistics, term maps, reach, the retrieval grid and summary, the scale comparison and
+    the tables are imported by their tests and the pipelines without matplotlib or seaborn:
+    drawing lives in its own modules (``analysis.extrapolation``, ``heatmaps``, ``overview``, the
+    ``plot_*`` functions), imported when a figure is drawn."""
+    computing = ["analysis.stats", "analysis.terms", "analysis.reach", "analysis.scales", "analysis.retrieval",
+                 "analysis.correlations", "analysis.pretrained", "pipelines.tables", "pipelines.gather",
+                 "pipelines.retrieval_summary", "pipelines.report", "posenc.evaluate", "posenc.retrieval", "posenc.tasks"]
+    script = ("import importlib, sys\n"
+              f"for m in {computing!r}:\n    importlib.import_module(m)\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'seaborn')))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_command_line_lives_in_pipelines_or_the_package_entry_points():
+    """``analysis/`` computes and draws; its command lines are ``pipelines.*`` modules."""
+    cli = re.compile(r"^(import argparse|if __name__ == .__main__.:)", re.M)
+    assert [p.name for p in sorted((REPO / "analysis").glob("*.py")) if cli.search(p.read_text())] == []

@@ -15,6 +15,8 @@ from analysis import reach
 from posenc.config import build_model, compose
 from tests.references import dense_first_layer_logits
 
+from .conftest import REPO
+
 T = 9
 POS = torch.arange(T)
 
@@ -280,3 +282,52 @@ def test_checkpoint_reach_reads_the_run_and_its_validation_split(make_cfg, tmp_p
     torch.save(state, bad)
     with pytest.raises(ConfigError, match=f"checkpoint {re.escape(str(bad))} does not fit the model"):
         reach.checkpoint_reach(bad, [1])
+
+
+def _reference_probabilities(model, idx):
+    """Every layer's probabilities rebuilt outside the model, layer by layer: the reference
+    path's logits (``Attention.logits``), the causal mask, the softmax, and each block called
+    on its own to give the next layer its input."""
+    from posenc.attention import causal_mask
+
+    T = idx.shape[1]
+    pos = torch.arange(T)
+    word, posn = model.embed(idx, pos)
+    x = word if posn is None else word + posn
+    out = []
+    for block in model.blocks:
+        q, k, _ = block.attn.project(block.ln1(x))
+        logits = block.attn.logits(q, k, pos, pos)
+        if block.attn.causal:
+            logits = logits + causal_mask(pos, pos, logits.dtype)
+        out.append(logits.softmax(-1))
+        x = block(x, pos)
+    return out
+
+
+def _every_scheme_and_task():
+    """(scheme, task) for every scheme of conf/encoding and each of the causal and masked LM
+    it takes (a causal-only scheme, xPos, takes no masked LM)."""
+    from posenc.tasks import misfits
+
+    schemes = sorted(p.stem for p in (REPO / "conf/encoding").glob("*.yaml"))
+    return [(s, t) for s in schemes for t in ("lm", "mlm") if not misfits(s, [t])]
+
+
+@pytest.mark.parametrize(("scheme", "task"), _every_scheme_and_task())
+@torch.no_grad()
+def test_the_analysis_reads_the_models_own_probabilities_for_every_scheme(scheme, task):
+    """What ``analysis.reach`` reads comes from one forward of the model, equals the
+    reference path rebuilt outside it in every layer, and recording it leaves the logits
+    as they were."""
+    torch.manual_seed(0)
+    model = build_model(compose([f"encoding={scheme}", "model=micro", f"task={task}", "model.n_layers=3"]), 260).eval()
+    idx = torch.randint(4, 260, (2, 20))
+    probs = reach.attention_probabilities(model, idx)
+    ref = _reference_probabilities(model, idx)
+    assert len(probs) == 3
+    for p, r in zip(probs, ref):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
+    recorded = []
+    torch.testing.assert_close(model(idx, attention=recorded), model(idx), rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(recorded, probs))

@@ -388,12 +388,17 @@ class Attention(nn.Module):
         (``plan_attention`` builds it once per forward and scheme instance)."""
         return with_causal(self.scheme.position_bias(pos, pos).to(dtype), pos, pos, self.causal)
 
-    def forward(self, h: Tensor, pos: Tensor, plan: AttentionPlan | None = None) -> Tensor:
+    def forward(self, h: Tensor, pos: Tensor, plan: AttentionPlan | None = None,
+                attention: list[Tensor] | None = None) -> Tensor:
         """h (B, T, D) at positions pos (T,), computed as ``plan`` says (the model's
-        plan of this forward; a layer called alone plans for itself)."""
+        plan of this forward; a layer called alone plans for itself). With a list
+        ``attention``, the layer appends its attention probabilities (B, H, T, T) of
+        this call to it (``probabilities``, from the q and k of this call)."""
         B, T, D = h.shape
         plan = plan or plan_attention([self], h, pos)
         q, k, v = self.project(h)
+        if attention is not None:
+            attention.append(self.probabilities(q, k, pos, pos))
         if plan.route == PROBABILITIES:
             y = self._probabilities(q, k, v, pos, pos)
         else:
@@ -432,21 +437,31 @@ class Attention(nn.Module):
             q, k, v, None if mask is None else mask.detach(), pos, self.scheme, self.causal, self.scheme.logit_scale(), *params
         )
 
-    def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def probabilities(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The attention probabilities (B, H, Tq, Tk) of the reference path: ``logits``, the
+        causal mask, the softmax (before attention dropout). Every route computes these
+        (to float rounding; ``tests/test_attention.py``), and analysis reads them here."""
         att = self.logits(q, k, q_pos, k_pos)
         if self.causal:  # in place: the same values as adding causal_mask, without a (Tq, Tk) mask
             att = att.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        probs = F.dropout(att.softmax(-1), self.dropout if self.training else 0.0, self.training)
+        return att.softmax(-1)
+
+    def _probabilities(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        probs = F.dropout(self.probabilities(q, k, q_pos, k_pos), self.dropout if self.training else 0.0,
+                          self.training)
         if not self.scheme.uses_value_term:
             return probs @ v
         return probs @ v + self.scheme.value_term(probs, q_pos, k_pos)
 
-    def last_rows(self, h: Tensor, pos: Tensor, last: int) -> Tensor:
+    def last_rows(self, h: Tensor, pos: Tensor, last: int, attention: list[Tensor] | None = None) -> Tensor:
         """The output at the last ``last`` positions alone, (B, last, D): their queries
         against every key and value of h (B, T, D), on the reference path (``logits``,
-        the causal mask, the softmax), O(last * T) and not O(T^2)."""
+        the causal mask, the softmax), O(last * T) and not O(T^2). With a list
+        ``attention``, appends those rows' probabilities (B, H, last, T) to it."""
         B, T, D = h.shape
         q, k, v = self.project(h)
+        if attention is not None:
+            attention.append(self.probabilities(q[:, :, T - last :], k, pos[T - last :], pos))
         y = self._probabilities(q[:, :, T - last :], k, v, pos[T - last :], pos)
         return self.out(y.transpose(1, 2).reshape(B, last, D))
 

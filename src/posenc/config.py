@@ -18,6 +18,7 @@ from . import CONFIG_DIR
 from .errors import ConfigError
 from .model import ModelConfig, ModelSize, Transformer
 from .ranges import Range
+from .tasks import build as build_task
 
 #: conf/model/*.yaml extend this schema, so a wrong type fails at composition, naming the key
 ConfigStore.instance().store(group="schema", name="model", node=ModelSize)
@@ -153,23 +154,13 @@ def check_config(cfg: DictConfig) -> list[str]:
     except ValueError as e:  # the scheme's own checks name the setting
         raise ConfigError(str(e)) from e
     check_criterion(cfg)
-    if cfg.task.get("objective") == "retrieval":  # a window that cannot hold its needles and queries
-        from .retrieval import Layout
-
-        T, n, k = int(cfg.data.seq_len), int(cfg.task.get("needles", 1)), int(cfg.task.get("digits", 5))
-        try:
-            Layout(T, n, k)
-        except ValueError as e:
-            raise ConfigError(f"task=retrieval with data.seq_len={T}, task.needles={n}, task.digits={k}: {e}") from e
+    build_task(cfg.task).check(cfg)
     return cost_warnings(cfg, scheme)
 
 
 def validation_metrics(task: DictConfig) -> list[str]:
-    """What validation logs for a task (``posenc.module.LMModule``): loss and perplexity,
-    accuracy for the masked LM and retrieval, exact match for retrieval."""
-    objective = task.get("objective")
-    return ["val/loss", "val/ppl"] + ["val/acc"] * (objective in ("mlm", "retrieval")) + \
-        ["val/exact"] * (objective == "retrieval")
+    """What validation logs for a task (``posenc.module.LMModule``; ``posenc.tasks.Task.validated``)."""
+    return build_task(task).validated()
 
 
 def check_criterion(cfg: DictConfig) -> None:

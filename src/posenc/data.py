@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from .errors import DataError
 from .files import atomic, write_json
+from .targets import IGNORE
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +379,7 @@ class MaskedWindows(Dataset):
     Each sample is [CLS] followed by the first ``seq_len - 1`` tokens of a
     window. Of the text tokens, ``mask_prob`` are chosen as targets; of those
     80% become [MASK], 10% a random token and 10% stay (Devlin et al. 2019).
-    Targets elsewhere are -100 (ignored). With ``fixed_seed`` the masks of
+    Targets elsewhere are ``IGNORE``. With ``fixed_seed`` the masks of
     sample i depend on (fixed_seed, i) alone, so validation sees the same masks
     every time and a resumed training run the same masks as an uninterrupted
     one; without it they come from the global RNG.
@@ -408,18 +409,17 @@ class MaskedWindows(Dataset):
         inp[chosen & (action < 0.8)] = self.special_ids["[MASK]"]
         swap = chosen & (action >= 0.8) & (action < 0.9)
         inp[swap] = random_ids[swap]
-        target = torch.where(chosen, text, torch.full_like(text, -100))
+        target = torch.where(chosen, text, torch.full_like(text, IGNORE))
         cls = torch.tensor([self.special_ids["[CLS]"]])
-        return torch.cat((cls, inp)), torch.cat((torch.tensor([-100]), target))
+        return torch.cat((cls, inp)), torch.cat((torch.tensor([IGNORE]), target))
 
 
 class LMDataModule(L.LightningDataModule):
     """Language-model data: the corpus, its tokenizer and windowed loaders.
 
-    ``task`` is the task config: ``objective: causal`` gives next-token
-    windows, ``objective: mlm`` masked windows with a leading [CLS],
-    ``objective: retrieval`` key-value retrieval windows on filler text
-    (``posenc.retrieval``; ``task.digits`` and ``task.needles`` size them).
+    ``task`` is the run's task (``posenc.tasks``, built by Hydra from ``conf/task/``): every
+    loader hands its split's windows to ``task.dataset``, which makes the task's examples of
+    them. Without a task, the windows themselves (next-token prediction).
     """
 
     def __init__(
@@ -432,7 +432,7 @@ class LMDataModule(L.LightningDataModule):
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
-        task: dict | None = None,
+        task=None,
         seed: int = 0,
     ):
         super().__init__()
@@ -446,7 +446,7 @@ class LMDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
-        self.task = dict(task or {"objective": "causal"})
+        self.task = task
         self.seed = seed
         self.prepared: PreparedData | None = None
 
@@ -481,22 +481,7 @@ class LMDataModule(L.LightningDataModule):
         return DistributedSampler(ds, world, rank, shuffle=False) if world > 1 else None
 
     def _task_dataset(self, ds: Dataset, split: str) -> Dataset:
-        objective = self.task.get("objective", "causal")
-        if objective == "causal":
-            return ds
-        offset = {"train": 0, "validation": 1, "test": 2}[split]
-        if objective == "mlm":
-            return MaskedWindows(
-                ds, self.prepared.meta["special_ids"], self.tokenizer_vocab_size, self.task.get("mask_prob", 0.15),
-                self.seed * 3 + offset,
-            )
-        if objective == "retrieval":  # the windows only set the count of the fixed evaluation examples
-            from .retrieval import FixedExamples, Task
-
-            task = Task(self.prepared, int(self.task.get("digits", 5)), int(self.task.get("needles", 1)))
-            examples = task.examples(split, self.seq_len, self.seed * 3 + offset)
-            return examples if split == "train" else FixedExamples(examples, len(ds))
-        raise DataError(f"task.objective={objective!r} is not one of 'causal', 'mlm', 'retrieval'")
+        return ds if self.task is None else self.task.dataset(self, ds, split)
 
     def train_dataloader(self) -> DataLoader:
         """Random windows from an endless stream that resumes where the run stopped."""

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 
+def project_root() -> Path:
+    """``POSENC_ROOT``, else the working directory: where ``mlflow.db`` and ``outputs/`` live."""
+    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
+
+
 def file_mode() -> int:
     """The mode a plain new file gets under the current umask (mkstemp would give 0600)."""
     umask = os.umask(0)

@@ -62,6 +62,8 @@ STUDY_CORE = (
     "src/posenc/module.py",
     "src/posenc/ranges.py",
     "src/posenc/retrieval.py",
+    "src/posenc/targets.py",
+    "src/posenc/tasks.py",
     "src/posenc/runs.py",
     "src/posenc/tracking.py",
     "src/posenc/train.py",

@@ -50,12 +50,14 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, pos: Tensor, plan: AttentionPlan | None = None, last: int | None = None) -> Tensor:
-        """x (B, T, D) -> (B, T, D), or (B, last, D) for the last ``last`` positions alone."""
+    def forward(self, x: Tensor, pos: Tensor, plan: AttentionPlan | None = None, last: int | None = None,
+                attention: list[Tensor] | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D), or (B, last, D) for the last ``last`` positions alone;
+        ``attention``: a list the layer appends its attention probabilities to."""
         if last is None:
-            x = x + self.attn(self.ln1(x), pos, plan)
+            x = x + self.attn(self.ln1(x), pos, plan, attention)
         else:
-            x = x[:, x.shape[1] - last :] + self.attn.last_rows(self.ln1(x), pos, last)
+            x = x[:, x.shape[1] - last :] + self.attn.last_rows(self.ln1(x), pos, last, attention)
         return x + self.mlp(self.ln2(x))
 
 
@@ -127,8 +129,14 @@ class Transformer(nn.Module):
         posn = self.scheme.embed(word, pos)
         return word, posn
 
-    def forward(self, idx: Tensor, pos: Tensor | None = None, last: int | None = None) -> Tensor:
+    def forward(self, idx: Tensor, pos: Tensor | None = None, last: int | None = None,
+                attention: list[Tensor] | None = None) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, V). pos defaults to 0..T-1.
+
+        ``attention``: a list that every layer appends its attention probabilities of
+        this forward to, (B, H, T, T) in layer order (the top layer's (B, H, last, T)
+        with ``last``): what analysis reads of the model (``analysis.reach``), so that
+        it measures the model's own attention, from the same forward.
 
         ``last``: the logits of the last ``last`` positions alone, (B, last, V): the top
         block then computes queries, feed-forward and output for those positions only
@@ -147,8 +155,8 @@ class Transformer(nn.Module):
         plan = plan_attention([b.attn for b in self.blocks], x, pos)  # route and shared masks, once
         *below, top = self.blocks
         for block in below:
-            x = block(x, pos, plan)
-        x = top(x, pos, plan, last)
+            x = block(x, pos, plan, attention=attention)
+        x = top(x, pos, plan, last, attention)
         return self.lm_head(self.ln_f(x))
 
     @torch.no_grad()

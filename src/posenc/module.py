@@ -14,6 +14,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 from .config import build_model
+from .targets import IGNORE
+from .tasks import build as build_task
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -24,21 +26,19 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-IGNORE = -100  # targets that are not scored (MLM: unmasked tokens)
-
-
 class LMModule(L.LightningModule):
     """Causal or masked language modelling with any positional scheme.
 
-    Perplexity is over scored tokens only (all tokens for ``task=lm``, the
-    masked targets for ``task=mlm``, the answer digits for ``task=retrieval``;
-    for these two accuracy is reported too, and for retrieval the exact match:
-    the share of windows whose every answer digit is the argmax, ``val/exact``,
+    Perplexity is over scored tokens only (targets other than ``IGNORE``: all tokens
+    for ``task=lm``, the masked targets for ``task=mlm``, the answer digits for
+    ``task=retrieval``). The task (``posenc.tasks``) says what else validation
+    reports: accuracy (``Task.accuracy``), and exact match, the share of windows
+    whose every scored target is the argmax (``Task.exact_match``, ``val/exact``,
     which a criterion can stop the run on).
 
     ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
     checkpoint so a model can be rebuilt from the checkpoint alone, with
-    ``identity`` (``posenc.train.run_identity``: scheme, model, objective and
+    ``identity`` (``posenc.train.run_identity``: scheme, model, task and
     the data's token checksum), which a resume must match.
     """
 
@@ -51,19 +51,15 @@ class LMModule(L.LightningModule):
         self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
-        self.with_accuracy = self.cfg.task.objective in ("mlm", "retrieval")
-        # the retrieval task scores a suffix of every window (the answers of its queries):
+        task = build_task(self.cfg.task)
+        self.with_accuracy, self.with_exact = task.accuracy, task.exact_match
+        # a task that scores a suffix of every window (retrieval: the answers of its queries):
         # the model computes the top layer for that suffix alone (``Transformer.forward(last=)``)
-        self.scored_suffix = None
-        if self.cfg.task.objective == "retrieval":
-            from .retrieval import Layout
-
-            self.scored_suffix = Layout(int(self.cfg.data.seq_len), int(self.cfg.task.get("needles", 1)),
-                                        int(self.cfg.task.get("digits", 5))).scored
+        self.scored_suffix = task.scored_suffix(int(self.cfg.data.seq_len))
         if self.with_accuracy:
             acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
             self.val_acc, self.test_acc = acc(), acc()
-        if self.scored_suffix is not None:
+        if self.with_exact:
             self.val_exact, self.test_exact = MeanMetric(), MeanMetric()
         self._t0: float | None = None
 
@@ -94,7 +90,7 @@ class LMModule(L.LightningModule):
             acc = self.val_acc if stage == "val" else self.test_acc
             acc(logits.detach().flatten(0, 1), y.flatten())
             self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True)
-        if self.scored_suffix is not None:  # a window counts when every scored target is the argmax
+        if self.with_exact:  # a window counts when every scored target is the argmax
             exact = self.val_exact if stage == "val" else self.test_exact
             exact(((logits.detach().argmax(-1) == y) | (y == IGNORE)).all(-1).float())
             self.log(f"{stage}/exact", exact, on_epoch=True, prog_bar=True)

@@ -32,8 +32,8 @@ import torch
 from torch.utils.data import Dataset
 
 from .errors import DataError
+from .targets import IGNORE
 
-IGNORE = -100
 DIGITS = "0123456789"
 
 
@@ -115,7 +115,7 @@ def build(filler: np.ndarray, starts: Sequence[int], values: np.ndarray, keys: S
     """One window: ``filler`` (layout.filler tokens) with needle n (``keys[n]``
     then ``values[n]``) inserted before filler token ``starts[n]`` (ascending),
     then the query marker and the queries in ``order``. Returns (input, target),
-    the target -100 except at the answer digits."""
+    the target ``IGNORE`` except at the answer digits."""
     parts, prev = [], 0
     for n, s in enumerate(starts):
         parts += [filler[prev:s], [keys[n]], values[n]]
@@ -213,7 +213,7 @@ def score_batch(model, x: torch.Tensor, y: torch.Tensor, digits: int) -> tuple[t
 
 def token_strings(tokenizer_path) -> list[str]:
     """Token i's string, for every id of a prepared corpus's tokenizer."""
-    from .data import load_tokenizer
+    from .data import load_tokenizer  # the data layer imports Lightning; this module does not need it
 
     tok = load_tokenizer(tokenizer_path)
     return [tok.id_to_token(i) for i in range(tok.get_vocab_size())]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
+from .files import project_root
 
 #: the setting that names a corpus folder taken from ``paths.data_dir`` (``POSENC_DATA_DIR``)
 SHARED_DATA_SETTING = "paths.data_dir"
@@ -210,19 +211,24 @@ def resolve_checkpoint(
     run_id = str(ref)
     if os.sep in run_id or run_id.endswith(".ckpt"):
         raise FileNotFoundError(f"no checkpoint at {ref}")
-    from .tracking import project_root
-
     for run in RunFolder.under(runs_dir or project_root() / "outputs"):
         if run.info().get("mlflow_run_id") == run_id and run.checkpoints.is_dir():
             try:
                 return Resolved(_pick(run.checkpoints, which).resolve(), run_id)
             except FileNotFoundError:
                 pass
-    from .tracking import default_tracking_uri, download_checkpoint
+    from . import tracking
 
-    uri = tracking_uri or default_tracking_uri()
+    uri = tracking_uri or tracking.default_tracking_uri()
+    names = tracking.artifact_names(uri, run_id, RunFolder.CHECKPOINTS)
+    wanted = [RunFolder.LAST] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
+    if not wanted or wanted[0] not in names:
+        raise FileNotFoundError(
+            f"MLflow run {run_id} in {uri} has no {which} checkpoint among its artifacts {names}; "
+            f"train with log_checkpoint=true or give the .ckpt path"
+        )
     dst = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="posenc-ckpt-"))
-    local = download_checkpoint(uri, run_id, which, dst)
+    local = tracking.download_artifact(uri, run_id, f"{RunFolder.CHECKPOINTS}/{wanted[0]}", dst)
     return Resolved(Path(local).resolve(), run_id, uri)
 
 
@@ -255,7 +261,10 @@ def run_data(
         corpus["root"] = str(data_dir)
     if cache_dir:
         data["cache_dir"] = str(cache_dir)
-    dm = instantiate(OmegaConf.create(data))
+    from .tasks import build
+
+    task = build(data.pop("task")) if data.get("task") is not None else None
+    dm = instantiate(OmegaConf.create(data), task=task)
     dm.prepare_data()
     if vocab_size is not None and dm.tokenizer_vocab_size != int(vocab_size):
         raise ConfigError(

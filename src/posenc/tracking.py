@@ -17,15 +17,12 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from .files import project_root
+
 
 def sqlite_uri(path: str | Path) -> str:
     """An absolute ``sqlite:///`` URI for a database file."""
     return "sqlite:///" + str(Path(path).expanduser().resolve())
-
-
-def project_root() -> Path:
-    """``POSENC_ROOT``, else the working directory: where ``mlflow.db`` and ``outputs/`` live."""
-    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
 
 
 def default_tracking_uri(root: str | Path | None = None) -> str:
@@ -266,27 +263,23 @@ def link_runs(c, study_run_id: str, study_run_name: str, runs: Mapping[str, str 
     return linked, missing
 
 
-def download_checkpoint(tracking_uri: str, run_id: str, which: str, dst: str | Path) -> Path:
-    """The run's ``last.ckpt`` (``which="last"``) or newest ``best-*.ckpt`` artifact, downloaded to ``dst``."""
+def artifact_names(tracking_uri: str, run_id: str, folder: str) -> list[str]:
+    """The names of the files a run logged under the artifact folder ``folder``; a run id the
+    tracking server does not know raises FileNotFoundError."""
     import mlflow
 
-    from .runs import RunFolder
-
-    c = client(tracking_uri)
     try:
-        names = [Path(a.path).name for a in c.list_artifacts(run_id, RunFolder.CHECKPOINTS)]
+        return [Path(a.path).name for a in client(tracking_uri).list_artifacts(run_id, folder)]
     except mlflow.exceptions.MlflowException as e:
         raise FileNotFoundError(
             f"{run_id!r} is neither a checkpoint file, a run folder, nor an MLflow run in {tracking_uri} ({e})"
         ) from e
-    wanted = [RunFolder.LAST] if which == "last" else sorted(n for n in names if n.startswith("best-"))[-1:]
-    if not wanted or wanted[0] not in names:
-        raise FileNotFoundError(
-            f"MLflow run {run_id} in {tracking_uri} has no {which} checkpoint among its artifacts {names}; "
-            f"train with log_checkpoint=true or give the .ckpt path"
-        )
+
+
+def download_artifact(tracking_uri: str, run_id: str, path: str, dst: str | Path) -> Path:
+    """The run's artifact ``path``, downloaded into the folder ``dst``."""
     Path(dst).mkdir(parents=True, exist_ok=True)
-    return Path(c.download_artifacts(run_id, f"{RunFolder.CHECKPOINTS}/{wanted[0]}", str(dst)))
+    return Path(client(tracking_uri).download_artifacts(run_id, path, str(dst)))
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FAILED") -> None:
