@@ -205,7 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scheme", help="an encoding name (conf/encoding/<name>.yaml)")
-    p.add_argument("--tasks", nargs="+", choices=["lm", "mlm", "retrieval"], default=["lm", "mlm"])
+    p.add_argument("--tasks", nargs="+", default=["lm", "mlm"],
+                   help="tasks (conf/task/<name>.yaml); --lm, --mlm and --retrieval give the overrides of theirs")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--workers", type=int, default=2, help="training processes at once")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -235,10 +236,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.retrieval_extensions = [x for e in a.retrieval_extensions for x in e.split()]
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
+    from posenc.errors import ConfigError
     from posenc.tasks import load  # light: no torch in the parent before the pool starts
 
     # what each task does with a trained run: "lengths" writes --extrapolation, "grid" --retrieval-results
-    a.evaluation = {t: load(t).evaluation for t in a.tasks}
+    try:
+        a.evaluation = {t: load(t).evaluation for t in a.tasks}
+    except ConfigError as e:
+        p.error(str(e))
     kinds = set(a.evaluation.values())
     if "lengths" in kinds and not a.extrapolation:
         p.error("--extrapolation is required when a task scored at every length (the causal LM) is run")
@@ -276,11 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             jobs = []
             retrieval_rules = [e for e in a.extensions if e in a.retrieval_extensions]
             rules = {"lm": a.extensions, "retrieval": retrieval_rules}  # a task's rules, from its flag
+            own = {"lm": a.lm, "mlm": a.mlm, "retrieval": a.retrieval}  # a task's overrides, from its flag
             # the longest jobs first: a run scored on its grid (training and the grid), then the runs
             # scored at every length, then the rest
             for task in sorted(a.tasks, key=lambda t: ["grid", "lengths", None].index(evaluation[t])):
                 for seed in seeds.get(task, a.seeds):
-                    overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(getattr(a, task))
+                    overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(own.get(task, ""))
                     extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if evaluation[task] else None
                     jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
                                  rules.get(task, [])))
