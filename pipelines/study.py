@@ -61,6 +61,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from pipelines.retrieval import add_grid_arguments, check_grid_arguments, grid_settings
+from posenc.errors import ConfigError
 
 T0 = time.time()
 
@@ -236,7 +237,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.retrieval_extensions = [x for e in a.retrieval_extensions for x in e.split()]
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
-    from posenc.errors import ConfigError
     from posenc.tasks import load  # light: no torch in the parent before the pool starts
 
     # what each task does with a trained run: "lengths" writes --extrapolation, "grid" --retrieval-results
@@ -273,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
                                  initargs=(a.threads,)) as pool:
             # the scheme takes every task, or nothing runs (the pool has imported its class: the parent need not)
-            refused = pool.submit(misfits, a.scheme, a.tasks).result()
+            try:
+                refused = pool.submit(misfits, a.scheme, a.tasks).result()
+            except (ConfigError, OSError, ImportError, ValueError) as e:
+                refused = [f"scheme {a.scheme}: {e}"]
             if refused:
                 print("\n".join(["study refused, nothing was run:"] + refused), file=sys.stderr)
                 return 2
