@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     params = yaml.safe_load(Path(a.params).read_text())
     try:
         refused = [m for name in schemes for m in misfits(name, str(params["schemes"][name].get("tasks", "")).split())]
-    except (ConfigError, FileNotFoundError, ImportError) as e:
+    except (ConfigError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"error: {a.params}: {e}", file=sys.stderr)
         return 2
     if refused:

@@ -333,6 +333,12 @@ def differ(*samples: Sequence[float]) -> dict:
     return {"p": p, "word": "differ" if p < ALPHA else "do not differ"}  # "their means differ"
 
 
+def flat_schemes(lm: dict) -> list[str]:
+    """The schemes (no ``+rule`` row) of an LM table whose ratio ppl(longest) / ppl(L) is flat
+    (``flat``), in name order."""
+    return [s for s, e in sorted(lm.items()) if "+" not in s and flat(e["ratio_longest"].get("values") or [])]
+
+
 def flat_retrieval(lm: dict, schemes: dict, multiple: int) -> dict:
     """Does a flat perplexity curve mean retrieval at length? The schemes whose ratio
     ppl(longest) / ppl(L) is flat (``flat``) and that have a retrieval row: ``flats`` (in name
@@ -424,7 +430,12 @@ def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> 
         rows.append({"finding": finding, "a": f"{said(ca)} ({show(ca)})", "b": f"{said(cb)} ({show(cb)})",
                      "verdict": holds(ca, cb, (a.name, b.name))})
 
-    ratio_diff = lambda c: f"ratio {signed(c.diff)}" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    def shown(scale: float, digits: int, before: str = "", after: str = ""):
+        """How a row shows a comparison: its difference (x ``scale``, signed), then its p when tested."""
+        return lambda c: f"{before}{signed(scale * c.diff, digits)}{after}" + (
+            f", p = {c.p}" if c["p"] is not None else "")
+
+    ratio_diff = shown(1, 2, before="ratio ")
     q = a.params["lm_table"]["question"]
     for s in sorted(a.lm):
         if s != q and "+" not in s and _values(a.lm, s) and _values(b.lm, s) and _values(b.lm, q):
@@ -438,7 +449,7 @@ def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> 
 
     ta, tb = ra.retrieval["schemes"], b.retrieval["schemes"]
     ref = ra.retrieval["against"]
-    points = lambda c: f"{signed(100 * c.diff, 0)} points" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    points = shown(100, 0, after=" points")
     for m in (4, a.top):
         for s in sorted(ta):
             ca_cell, cb_cell = ta[s]["lengths"].get(str(m)), (tb.get(s) or {}).get("lengths", {}).get(str(m))
@@ -450,7 +461,7 @@ def scale_findings(a: "Study", b: "Study", retrieval: "Study | None" = None) -> 
 
     M, M2 = a.mlm, b.mlm
     mq = M["question"]
-    acc_diff = lambda c: f"{signed(100 * c.diff, 1)} points" + (f", p = {c.p}" if c['p'] is not None else "")  # noqa: E731
+    acc_diff = shown(100, 1, after=" points")
     if mq in M2["summary"]:
         for other in M.get("tests") or {}:
             if other in M2["summary"]:
@@ -516,10 +527,10 @@ def mean(values: Sequence[float]) -> float:
 
 
 FILTERS = {"pct": pct, "num": num}
-TESTS = {"depends_on_scale": depends_on_scale, "flat_ratio": lambda v: flat(list(v)), "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
+TESTS = {"depends_on_scale": depends_on_scale, "reached_every_seed": lambda e: len(e["reached"]) == len(e["seeds"]),
          "startswith": lambda s, prefix: str(s).startswith(prefix),
          "search": lambda s, pattern: re.search(pattern, str(s)) is not None}
-HELPERS = {"exact_range": exact_range, "scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,
+HELPERS = {"exact_range": exact_range, "flat_schemes": flat_schemes, "scale_taus": scale_taus, "scale_findings": scale_findings, "fastest": fastest,
            "flat_retrieval": flat_retrieval, "tested_at": tested_at, "exact_at": exact_at, "groups_sentence": groups_sentence, "reached_steps": reached_steps, "rank_by_steps": rank_by_steps, "compare": compare, "judged": judged, "verdicts": verdicts, "group": group, "lm_tests": lm_tests,
            "at": at, "num": num, "signed": signed, "pct": pct, "pm": pm, "p": format_p,
            "names": names, "minutes": minutes, "mean": mean, "isnan": math.isnan}

@@ -62,6 +62,7 @@ from pathlib import Path
 
 from pipelines.retrieval import add_grid_arguments, check_grid_arguments, grid_settings
 from posenc.errors import ConfigError
+from posenc.tasks import load, misfits  # light: no torch in the parent before the pool starts
 
 T0 = time.time()
 
@@ -165,14 +166,6 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
             "grids": grids, "tracking_uri": cfg.logger.tracking_uri if cfg.get("logger") else None}
 
 
-def misfits(scheme: str, tasks: list[str]) -> list[str]:
-    """Why the scheme cannot take each of its tasks that refuses it (``posenc.tasks.misfits``),
-    run on the pool, whose server has imported the schemes."""
-    from posenc.tasks import misfits as refusals
-
-    return refusals(scheme, tasks)
-
-
 def timed(fn, *args):
     """(fn(*args), its seconds): a job whose time the stage records."""
     t = time.perf_counter()
@@ -237,8 +230,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.retrieval_extensions = [x for e in a.retrieval_extensions for x in e.split()]
     if a.workers < 1 or a.threads < 1:
         p.error("--workers and --threads must be at least 1")
-    from posenc.tasks import load  # light: no torch in the parent before the pool starts
-
     # what each task does with a trained run: "lengths" writes --extrapolation, "grid" --retrieval-results
     try:
         a.evaluation = {t: load(t).evaluation for t in a.tasks}

@@ -256,18 +256,26 @@ def encoding_config(name: str, conf_dir: str | Path = CONFIG_DIR) -> Path:
     return path
 
 
-def scheme_fingerprint(name: str, conf_dir: str | Path = CONFIG_DIR) -> dict[str, Any]:
-    """The fingerprint of scheme ``name``: its config (``conf/encoding/<name>.yaml``,
-    parsed, so comments do not count), the class its ``_target_`` names and the
-    ``code_closure`` of that class, and ``digest``, one sha256 of all of it."""
+def scheme_target(name: str, conf_dir: str | Path = CONFIG_DIR) -> tuple[Path, dict[str, Any], str]:
+    """(its file, its parsed config, the class path its ``scheme._target_`` names) of scheme
+    ``name`` (``conf/encoding/<name>.yaml``); ValueError when it names no class."""
     import yaml
-    from hydra.utils import get_object
 
     path = encoding_config(name, conf_dir)
     config = yaml.safe_load(path.read_text()) or {}
     target = (config.get("scheme") or {}).get("_target_")
     if not target:
         raise ValueError(f"{path}: no scheme._target_ naming the scheme's class")
+    return path, config, target
+
+
+def scheme_fingerprint(name: str, conf_dir: str | Path = CONFIG_DIR) -> dict[str, Any]:
+    """The fingerprint of scheme ``name``: its config (``conf/encoding/<name>.yaml``,
+    parsed, so comments do not count), the class its ``_target_`` names and the
+    ``code_closure`` of that class, and ``digest``, one sha256 of all of it."""
+    from hydra.utils import get_object
+
+    path, config, target = scheme_target(name, conf_dir)
     obj = get_object(target)
     try:
         rel = path.resolve().relative_to(PROJECT_ROOT).as_posix()

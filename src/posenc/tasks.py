@@ -98,7 +98,6 @@ class MaskedLM(Task):
                              dm.seed * 3 + SPLIT_OFFSET[split])
 
 
-
 class Retrieval(Task):
     """Key-value retrieval (passkeys) on filler text (``posenc.retrieval``): ``needles`` key
     markers, each followed by ``digits`` distinct digits, then a query block; the loss is on
@@ -183,15 +182,12 @@ def load(name: str, conf_dir: str | Path | None = None) -> Task:
 def misfits(scheme: str, tasks: list[str], conf_dir: str | Path | None = None) -> list[str]:
     """Why scheme ``scheme`` (``conf/encoding/<scheme>.yaml``) cannot take each task of ``tasks``
     that refuses it, each naming the scheme, the task and the fix; empty when it takes them all."""
-    import yaml
     from hydra.utils import get_class
 
     from . import CONFIG_DIR
+    from .fingerprint import scheme_target
 
-    path = Path(conf_dir or CONFIG_DIR) / "encoding" / f"{scheme}.yaml"
-    target = ((yaml.safe_load(path.read_text()) or {}).get("scheme") or {}).get("_target_")
-    if not target:
-        raise ConfigError(f"{path}: no scheme._target_ naming the scheme's class")
+    _, _, target = scheme_target(scheme, conf_dir or CONFIG_DIR)
     cls = get_class(target)
     out = []
     for name in tasks:
