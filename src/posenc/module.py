@@ -129,6 +129,11 @@ class LMModule(L.LightningModule):
             (decay if p.dim() >= 2 and "scheme" not in name else no_decay).append(p)
         # fused where torch has the kernel (CPU, CUDA); elsewhere (MPS) the loop over parameters
         fused = bool(o.get("fused", False)) and all(p.device.type in ("cpu", "cuda") for p in decay + no_decay)
+        # under mixed precision (bf16 too) Lightning refuses to clip the gradients of an optimizer that
+        # unscales them itself, as the fused one does: there the loop over parameters (the same update)
+        trainer = self._trainer
+        if trainer is not None and "mixed" in str(trainer.precision) and trainer.gradient_clip_val:
+            fused = False
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=o.lr,

@@ -1,0 +1,465 @@
+"""The GPU check: what posenc does on a CUDA GPU, measured in one run of a few minutes.
+
+    python -m posenc.gpu_check                 # writes docs/gpu.md and docs/gpu.json
+
+It needs a CUDA GPU, the corpora (``POSENC_DATA_DIR``, Tiny Shakespeare) and nothing else of the
+project's services: no MLflow (``~logger``), no DVC. Five parts, each recorded even where
+another fails (a failure is written into the report with its error, and the exit status is 1):
+
+1. **Training.** Every scheme (``conf/encoding``) trains ``--steps`` (50) steps of ``model=small``
+   (d 256, 4 layers of 4 heads) at L = ``--seq-len`` (512) on byte-level Tiny Shakespeare
+   (V = 260), causal LM, with ``trainer=gpu`` (bf16-mixed autocast). Checked: the first training
+   loss is within 10% of ln V (at initialisation the output layer's weights have std 0.02, so
+   the logits are near zero and the prediction near uniform: its cross-entropy is ln V), no
+   loss is NaN, and the last is below the first.
+2. **Numerics.** The trained run's weights, their first transformer block's output on one
+   batch of L tokens: on the GPU under bf16 autocast and in float32, each against the same
+   model in float64 on the CPU (the reference: the same code at double precision). Reported as
+   the relative error ||y - y_ref|| / ||y_ref||; tolerances ``BF16_TOL`` (bf16 keeps 8 bits of
+   mantissa: unit roundoff 2^-8 = 3.9e-3, and a layer rounds its inputs and products several
+   times) and ``FP32_TOL`` (float32 agrees to about 1e-6 here; TF32 matmuls, with 10 bits of
+   mantissa, would give some 1e-3 and fail it).
+3. **Evaluation.** The run's checkpoint scored by ``posenc.evaluate`` (float32) at L and 4L on
+   the GPU (non-overlapping windows).
+4. **Benchmark.** ``python -m posenc.bench`` on the GPU at T = 1024 and 4096 (``model=small``,
+   4096 tokens per batch, bf16 autocast): each scheme's training-step time and peak memory
+   against NoPE (``none``) and its FLOP share (its counted FLOPs over NoPE's). A scheme whose
+   step takes over 1.3x NoPE's is named with its attention route, the reason it is slower
+   (``route_reason``).
+
+5. **The paper profile's model.** ``posenc.bench`` with the model, vocabulary, lengths and tokens
+   per step of ``profiles/paper/params.yaml`` (``model=base``, V = 16384, L = 512, masked LM at
+   128), and from its step times what that study's training would take on this GPU, and on N
+   of them with one job per GPU (``paper_estimate``).
+
+``--device cpu`` runs the same code on the CPU with a small model (``--model``, ``--steps``): a
+smoke test of the script (tests/test_gpu_check.py), not a GPU check; its report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from .files import project_root, write_json, write_text
+
+#: relative error of the first block's output allowed against float64 on the CPU
+BF16_TOL = 2e-2
+FP32_TOL = 1e-4
+#: a step over this many times NoPE's is explained in the report
+SLOW_STEP = 1.3
+
+ROUTE_REASONS = {
+    "masked": "a T x T float bias per head (per sequence too, where it reads the content) is built and passed to "
+    "scaled_dot_product_attention as its mask; PyTorch's FlashAttention kernel takes no mask, so the step runs on "
+    "the memory-efficient kernel, which reads the mask at every logit, and a trainable bias adds the backward "
+    "of its T x T gradient",
+    "probabilities": "a value term (relative values) needs the attention probabilities themselves: "
+    "the (B, H, T, T) matrix is materialised, no fused kernel applies",
+    "recomputed": "the bias is rebuilt block by block in the backward (CPU route)",
+}
+#: a scheme on the fused route that is still slower: what it adds outside the kernel (not profiled)
+FUSED_EXTRA = {
+    "rope": "the rotation of q and k, elementwise kernels outside the attention kernel",
+    "xpos": "the rotation and scaling of q and k, elementwise kernels outside the attention kernel",
+}
+
+
+class RecordLosses(L.Callback):
+    """A Lightning callback (``callbacks.<name>._target_``) that keeps every training loss of the run."""
+
+    losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        RecordLosses.losses.append(float(loss.detach().float().cpu()))
+
+
+def overrides(scheme: str, a: argparse.Namespace, work: Path) -> list[str]:
+    """The Hydra overrides of one scheme's run in the check."""
+    return [
+        f"encoding={scheme}", f"model={a.model}", f"trainer={'gpu' if a.device == 'cuda' else 'cpu'}",
+        "data=tinyshakespeare", "data.vocab_size=260", f"data.seq_len={a.seq_len}", f"data.batch_size={a.batch_size}",
+        f"model.max_len={max(4 * a.seq_len, 2048)}", f"trainer.max_steps={a.steps}",
+        f"trainer.val_check_interval={a.steps}", f"optim.warmup_steps={max(1, a.steps // 5)}", "trainer.limit_val_batches=4", "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false", "trainer.log_every_n_steps=10", "~logger", "log_checkpoint=false",
+        f"paths.output_dir={work / 'outputs'}", *([f"paths.cache_dir={a.cache_dir}"] if a.cache_dir else []),
+        "+callbacks.losses._target_=posenc.gpu_check.RecordLosses",
+    ]  # fmt: skip
+
+
+def first_block_errors(model: torch.nn.Module, idx: torch.Tensor, device: str) -> dict[str, float]:
+    """Relative error of the first block's output (bf16 autocast, float32) against float64 on the CPU."""
+    captured: list[torch.Tensor] = []
+
+    def run(m: torch.nn.Module, x: torch.Tensor, autocast: bool) -> torch.Tensor:
+        captured.clear()
+        hook = m.blocks[0].register_forward_hook(lambda mod, args, out: captured.append(out.detach()))
+        try:
+            with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+                m(x)
+        finally:
+            hook.remove()
+        return captured[0].double().cpu()
+
+    ref_model = copy.deepcopy(model).double().cpu().eval()
+    ref = run(ref_model, idx.cpu(), False)
+    model = model.float().to(device).eval()
+    out = {}
+    for name, autocast in (("bf16", True), ("fp32", False)):
+        y = run(model, idx.to(device), autocast)
+        out[name] = float((y - ref).norm() / ref.norm())
+    return out
+
+
+def check_scheme(scheme: str, a: argparse.Namespace, work: Path) -> dict:
+    """Train, compare and evaluate one scheme (parts 1-3)."""
+    from . import evaluate as ev
+    from .config import compose
+    from .runs import RunFolder, load_state, module_from_state
+    from .train import train
+
+    # the class the run's config names (under ``python -m`` this module is also ``__main__``)
+    from posenc.gpu_check import RecordLosses as recorder
+
+    row: dict = {"scheme": scheme}
+    run_dir = work / "runs" / scheme
+    recorder.losses = []
+    t = time.perf_counter()
+    cfg = compose(overrides(scheme, a, work))
+    metrics = train(cfg, out_dir=run_dir)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
+    row["train_s"] = round(time.perf_counter() - t, 2)
+    losses = recorder.losses
+    vocab = 260
+    row.update(steps=len(losses), first_loss=losses[0], last_loss=losses[-1], ln_v=math.log(vocab),
+               val_loss=float(metrics["val/loss"]))  # fmt: skip
+    row["loss_ok"] = (abs(losses[0] - math.log(vocab)) <= 0.1 * math.log(vocab)
+                      and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0])  # fmt: skip
+
+    ckpt = RunFolder(run_dir).last
+    module = module_from_state(load_state(ckpt), ckpt, "cpu")
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, vocab, (2, a.seq_len), generator=g)
+    with torch.enable_grad():  # the route of a training step on the run's device
+        row["route"] = module.model.train().blocks[0].attn.route(
+            torch.zeros(1, a.seq_len, 1, device=a.device), torch.arange(a.seq_len, device=a.device))
+    row.update(first_block_errors(module.model, idx, a.device))
+    row["numerics_ok"] = row["bf16"] <= BF16_TOL and row["fp32"] <= FP32_TOL
+
+    t = time.perf_counter()
+    rows, _ = ev.evaluate_checkpoint(run_dir, ev.Settings(
+        lengths=[a.seq_len, 4 * a.seq_len], methods=("nonoverlapping",), max_tokens=8 * 4 * a.seq_len, device=a.device,
+        log_mlflow=False, progress=False, cache_dir=a.cache_dir))  # fmt: skip
+    row["eval_s"] = round(time.perf_counter() - t, 2)
+    row["ppl_L"] = rows[0]["ppl"]
+    row["ppl_4L"] = rows[1]["ppl"]
+    row["eval_note"] = rows[1].get("note") or ""
+    return row
+
+
+def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: str = "bench", model: str | None = None,
+              lengths: list[int] | None = None, extra: tuple[str, ...] = ()) -> dict:
+    """Parts 4 and 5: ``posenc.bench`` in its own process, its summary read back."""
+    out = work / name
+    cmd = [sys.executable, "-m", "posenc.bench", "--device", a.device, "--no-xtransformers", "--no-progress",
+           "--out-dir", str(out), "--repeats", str(a.bench_repeats), "--model", model or a.model, "--lengths",
+           *map(str, lengths or a.bench_lengths), *extra]  # fmt: skip
+    if a.device == "cpu":
+        cmd += ["--tiny", "--max-memory-gb", "0"]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"posenc.bench exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    res = json.loads((out / "bench.json").read_text())
+    keep = ("scheme", "class", "T", "batch", "train_s_min", "train_tok_s", "step_ratio", "mem_train_bytes",
+            "mem_ratio", "flop_share", "train_peak_fraction")  # fmt: skip
+    rows = [{k: r.get(k) for k in keep} for r in res["summary"] if r["impl"] == "posenc"]
+    return {"seconds": round(time.perf_counter() - t, 1), "rows": rows, "command": " ".join(cmd[1:]),
+            "peak_flops_per_s": res["peak"]["flops_per_s"], "model": res["meta"].get("model")}
+
+
+#: the study the estimate is of
+PAPER_PARAMS = project_root() / "profiles" / "paper" / "params.yaml"
+
+
+def paper_jobs(params: dict) -> list[dict]:
+    """Every training run of a study's params.yaml: scheme, task, seeds, steps, length and batch (tokens a step).
+    Retrieval runs count at their cap (they stop earlier, at the criterion)."""
+    seeds = len(str(params["seeds"]).split())
+    kinds = {
+        "lm": (seeds, params["lm"]["steps"], params["lm"]["train_len"], params["lm"]["batch_size"]),
+        "mlm": (seeds, params["mlm"]["steps"], params["mlm"]["seq_len"], params["mlm"]["batch_size"]),
+        "retrieval": (len(str(params["retrieval"]["seeds"]).split()), params["retrieval"]["cap"],
+                      params["lm"]["train_len"], params["retrieval"]["batch_size"]),
+    }  # fmt: skip
+    return [{"scheme": scheme, "task": task, "runs": kinds[task][0], "steps": kinds[task][1], "T": kinds[task][2],
+             "batch": kinds[task][3]}
+            for scheme, item in params["schemes"].items() for task in item["tasks"].split()]  # fmt: skip
+
+
+def paper_estimate(bench: dict, params: dict) -> dict:
+    """GPU-hours of the study's training steps from the measured step times: a run's step at the
+    benchmark's T, scaled by the run's tokens per step over the benchmark's (the step's cost is
+    close to linear in the batch at a fixed T; evaluation, validation and the retrieval grids are
+    not counted). Per task and in all, and the wall time on N GPUs (one job per GPU: the jobs
+    spread over the GPUs, and no schedule ends before its longest job)."""
+    step = {(r["scheme"], r["T"]): (r["train_s_min"], r["batch"]) for r in bench["rows"]}
+    hours: dict[str, float] = {}
+    longest, missing = 0.0, []
+    for j in paper_jobs(params):
+        if (j["scheme"], j["T"]) not in step:
+            missing.append(f"{j['scheme']} at T = {j['T']}")
+            continue
+        s, b = step[j["scheme"], j["T"]]
+        run_s = j["steps"] * s * j["batch"] / b
+        longest = max(longest, run_s)
+        hours[j["task"]] = hours.get(j["task"], 0.0) + j["runs"] * run_s / 3600
+    total = sum(hours.values())
+    return {"hours": hours, "total_h": total, "longest_h": longest / 3600, "missing": missing,
+            "wall_h": {n: max(total / n, longest / 3600) for n in (1, 8, 32)}}
+
+
+def environment(device: str) -> dict:
+    env = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
+           "torch": torch.__version__, "lightning": L.__version__, "device": device}  # fmt: skip
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, memory_gib=round(p.total_memory / 2**30, 1),
+                   capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count)  # fmt: skip
+    else:
+        from .machine import machine
+
+        env["cpu"] = machine().get("cpu", platform.processor())
+    return env
+
+
+def _fmt(x, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(res: dict) -> str:
+    env, a = res["environment"], res["settings"]
+    where = env.get("gpu") or f"CPU ({env.get('cpu')}), a smoke test of the script, not a GPU check"
+    lines = [
+        "# The GPU check", "",
+        f"`python -m posenc.gpu_check` on **{where}**"
+        + (f" ({env['memory_gib']} GiB, compute capability {env['capability']}, CUDA {env['cuda']})" if env.get("gpu") else "")
+        + f", torch {env['torch']}, Lightning {env['lightning']}, {env['date']}. Total {res['seconds']:.0f} s.", "",
+        "What it does and the tolerances: the docstring of `src/posenc/gpu_check.py`. "
+        f"Every scheme trains {a['steps']} steps of `model={a['model']}` at L = {a['seq_len']} "
+        f"(batch {a['batch_size']}, byte-level Tiny Shakespeare, V = 260, ln V = {math.log(260):.3f})"
+        + (" in bf16-mixed on CUDA" if a["device"] == "cuda" else " on the CPU") + ".", "",
+        "## Training, numerics, evaluation", "",
+        f"First block's output against float64 on the CPU (relative error; tolerance {BF16_TOL:g} in bf16 autocast, "
+        f"{FP32_TOL:g} in float32). Perplexity by `posenc.evaluate` at L and 4L. "
+        "Loss ok: the first loss within 10% of ln V, none NaN, the last below the first.", "",
+        "| scheme | train s | first loss | last loss | val loss | loss ok | bf16 err | fp32 err | numerics ok "
+        "| ppl at L | ppl at 4L | eval s |",
+        "|---|---:|---:|---:|---:|:-:|---:|---:|:-:|---:|---:|---:|",
+    ]  # fmt: skip
+    for r in res["schemes"]:
+        if "error" in r:
+            lines.append(f"| {r['scheme']} | failed: {r['error']} |" + " |" * 10)
+            continue
+        lines.append(
+            f"| {r['scheme']} | {r['train_s']:.1f} | {r['first_loss']:.3f} | {r['last_loss']:.3f} | {r['val_loss']:.3f} "
+            f"| {'yes' if r['loss_ok'] else '**no**'} | {r['bf16']:.1e} | {r['fp32']:.1e} "
+            f"| {'yes' if r['numerics_ok'] else '**no**'} | {_fmt(r['ppl_L'], '.2f')} | {_fmt(r['ppl_4L'], '.2f')} "
+            f"| {r['eval_s']:.1f} |")  # fmt: skip
+    notes = [f"- {r['scheme']} at 4L: {r['eval_note']}" for r in res["schemes"] if r.get("eval_note")]
+    if notes:
+        lines += ["", *notes]
+    b = res.get("bench")
+    lines += ["", "## Benchmark", ""]
+    if not b:
+        lines.append("Not run.")
+    elif "error" in b:
+        lines.append(f"Failed: {b['error']}")
+    else:
+        routes = {r["scheme"]: r.get("route") for r in res["schemes"]}
+        lines += [
+            f"`python {b['command'].replace(str(res['work']), '<tmp>')}` ({b['seconds']:.0f} s): training step (forward, "
+            "backward, AdamW) of the whole model, best of the rounds; ratios against `none` at the same T in the same "
+            "run; FLOP share: the scheme's counted training FLOPs over none's; peak fraction: FLOP/s over the matmul "
+            f"peak measured in the run ({b['peak_flops_per_s'] / 1e12:.3g} TFLOP/s).", "",
+            "| scheme | T | batch | tokens/s | step vs none | peak memory MiB | memory vs none | FLOP share "
+            "| of peak | route |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]  # fmt: skip
+        for r in b["rows"]:
+            mem = r.get("mem_train_bytes")
+            lines.append(
+                f"| {r['scheme']} | {r['T']} | {r['batch']} | {_fmt(r['train_tok_s'], ',.0f')} "
+                f"| {_fmt(r.get('step_ratio'), '.2f')} | {_fmt(mem and mem / 2**20, ',.0f')} "
+                f"| {_fmt(r.get('mem_ratio'), '.2f')} | {_fmt(r.get('flop_share'), '.2f')} "
+                f"| {_fmt(r.get('train_peak_fraction'), '.1%')} | {routes.get(r['scheme']) or '—'} |")  # fmt: skip
+        slow = sorted({r["scheme"] for r in b["rows"] if (r.get("step_ratio") or 0) > SLOW_STEP})
+        if slow:
+            lines += ["", f"Steps over {SLOW_STEP}x NoPE's (the worst T), grouped by the scheme's attention route in a "
+                      "training step on this device (`Attention.route`), and why:", ""]
+            by_route: dict[str, list[str]] = {}
+            for s in slow:
+                worst = max((r for r in b["rows"] if r["scheme"] == s), key=lambda r: r["step_ratio"])
+                share = worst.get("flop_share")
+                extra = f" ({share:.2f}x the FLOPs)" if share and share > 1.05 else ""
+                by_route.setdefault(routes.get(s) or "", []).append(
+                    f"{s} {worst['step_ratio']:.2f}x at T = {worst['T']}{extra}")
+            for route, items in by_route.items():
+                if route == "fused":
+                    why = ("no bias, the fused kernel; what they add runs outside it ("
+                           + "; ".join(f"{k}: {v}" for k, v in FUSED_EXTRA.items() if any(i.startswith(k + " ") for i in items))
+                           + "), and weighs at this size, where a step runs at a few percent of the matmul peak (not profiled)")
+                else:
+                    why = ROUTE_REASONS.get(route, "route not recorded")
+                lines.append(f"- **{route or '?'}** ({'; '.join(items)}): {why}.")
+    lines += paper_markdown(res)
+    if res.get("failures"):
+        lines += ["", "## Failures", "", *[f"- {f}" for f in res["failures"]]]
+    return "\n".join(lines) + "\n"
+
+
+def paper_markdown(res: dict) -> list[str]:
+    """Part 5 of the report: the paper profile's model timed, and what its study would take."""
+    p = res.get("paper")
+    if not p:
+        return []
+    lines = ["", "## The paper profile on this " + ("GPU" if res["environment"].get("gpu") else "device"), ""]
+    if "error" in p:
+        return lines + [f"Failed: {p['error']}"]
+    e = p["estimate"]
+    lines += [
+        f"`python {p['command'].replace(str(res['work']), '<tmp>')}` ({p['seconds']:.0f} s): a training step of the "
+        f"model of `{p['params']}` at its lengths, vocabulary and tokens per step, best of the rounds.", "",
+        "| scheme | T | batch | ms per step | step vs none |", "|---|---:|---:|---:|---:|",
+        *[f"| {r['scheme']} | {r['T']} | {r['batch']} | {1000 * r['train_s_min']:.1f} | {_fmt(r.get('step_ratio'), '.2f')} |"
+          for r in p["rows"]],
+        "", f"What the study of `{p['params']}` would take in training steps here (`paper_estimate`: each run's "
+        "steps times the step above, scaled by its tokens per step; retrieval runs at their cap, an upper bound; "
+        "evaluation, validation and the retrieval grids not counted): "
+        + ", ".join(f"{t} {h:.1f} h" for t, h in e["hours"].items())
+        + f", in all **{e['total_h']:.1f} GPU-hours**; the longest run {e['longest_h']:.2f} h. "
+        "With one job per GPU (`POSENC_EXECUTOR=gpus`, or SLURM): "
+        + ", ".join(f"{n} GPU{'s' if int(n) > 1 else ''} {h:.1f} h" for n, h in e["wall_h"].items()) + ".",
+    ]  # fmt: skip
+    if e["missing"]:
+        lines.append(f"Not timed: {', '.join(e['missing'])}.")
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m posenc.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (the check); cpu: a smoke test of the script with a small model")
+    p.add_argument("--schemes", nargs="+", help="default: every conf/encoding/*.yaml")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default="small")
+    p.add_argument("--bench-lengths", type=int, nargs="*", default=[1024, 4096], help="none: no benchmark")
+    p.add_argument("--bench-repeats", type=int, default=3)
+    p.add_argument("--budget-s", type=float, help="seconds the whole check may take: schemes not started by then "
+                   "are reported as not run, and the benchmark gets what is left (default: no limit)")
+    p.add_argument("--cache-dir", help="prepared corpora (paths.cache_dir; default: the project's)")
+    p.add_argument("--out", default=str(project_root() / "docs" / "gpu.md"), help="the report (a .json twin beside it)")
+    p.add_argument("--no-paper-bench", dest="paper_bench", action="store_false",
+                   help="skip part 5: the paper profile's model timed at its lengths, and its study's GPU-hours")
+    p.add_argument("--from-json", metavar="GPU_JSON", help="only write the report again from a gpu.json")
+    a = p.parse_args(argv)
+    if a.from_json:
+        return a
+    if a.steps < 2 or a.seq_len < 2 or a.batch_size < 1:
+        p.error("--steps and --seq-len must be at least 2, --batch-size at least 1")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA GPU is visible to torch here: the GPU check needs one (--device cpu runs the smoke test)")
+    if not os.environ.get("POSENC_DATA_DIR"):
+        p.error("set POSENC_DATA_DIR to the folder that holds tinyshakespeare/input.txt")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.from_json:
+        write_text(a.out, markdown(json.loads(Path(a.from_json).read_text())))
+        print(f"wrote {a.out}")
+        return 0
+    from .bench.config import discover_schemes
+
+    schemes = a.schemes or discover_schemes()
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="posenc-gpu-check-"))
+    res: dict = {"environment": environment(a.device), "settings": vars(a) | {"schemes": schemes}, "schemes": [],
+                 "failures": [], "work": str(work)}  # fmt: skip
+    out = Path(a.out)
+
+    def save() -> None:  # after every part: a check stopped from outside keeps what it measured
+        res["seconds"] = round(time.perf_counter() - started, 1)
+        write_text(out, markdown(res))
+        write_json(out.with_suffix(".json"), res, indent=1, default=str)
+
+    def left() -> float | None:
+        return None if a.budget_s is None else a.budget_s - (time.perf_counter() - started)
+
+    for i, scheme in enumerate(schemes, 1):
+        if left() is not None and left() <= 0:
+            row = {"scheme": scheme, "error": f"not run: the check's budget of {a.budget_s:g} s was spent"}
+            res["failures"].append(f"{scheme}: {row['error']}")
+            res["schemes"].append(row)
+            continue
+        try:
+            row = check_scheme(scheme, a, work)
+            bad = [k for k in ("loss_ok", "numerics_ok") if not row[k]]
+            if bad:
+                res["failures"].append(f"{scheme}: {' and '.join(bad)} false")
+        except Exception as e:  # noqa: BLE001 -- recorded, the other schemes go on
+            row = {"scheme": scheme, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+            res["failures"].append(f"{scheme}: {row['error']}")
+            traceback.print_exc()
+        res["schemes"].append(row)
+        save()
+        print(f"[{i}/{len(schemes)}] {scheme}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                           for k, v in row.items() if k != "scheme"), flush=True)
+    if a.bench_lengths:
+        try:
+            res["bench"] = run_bench(a, work, left())
+        except Exception as e:  # noqa: BLE001
+            res["bench"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"}
+            res["failures"].append(f"benchmark: {res['bench']['error']}")
+    if a.paper_bench:
+        try:
+            import yaml
+
+            params = yaml.safe_load(PAPER_PARAMS.read_text())
+            lengths = sorted({j["T"] for j in paper_jobs(params)})
+            extra = ("--vocab-size", str(params["vocab_size"]), "--no-memory",
+                     "--tokens-per-batch", str(params["lm"]["train_len"] * params["lm"]["batch_size"]))
+            paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
+                              extra if a.device == "cuda" else ("--no-memory",))
+            res["paper"] = paper | {"estimate": paper_estimate(paper, params), "params": str(PAPER_PARAMS.relative_to(project_root()))}
+        except Exception as e:  # noqa: BLE001
+            res["paper"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"}
+            res["failures"].append(f"paper profile's model: {res['paper']['error']}")
+    save()
+    print(f"wrote {out} and {out.with_suffix('.json')} in {res['seconds']:.0f} s; "
+          f"{len(res['failures'])} failure(s)" + "".join(f"\n  {f}" for f in res["failures"]))
+    return 1 if res["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The GPU check (posenc.gpu_check): its script end to end on the CPU, its arithmetic, the
+committed report, and the mixed-precision training route whose failure the first GPU run found."""
+
+from __future__ import annotations
+
+import json
+import math
+import pytest
+
+from posenc import gpu_check
+from posenc.files import project_root
+
+DOCS = project_root() / "docs"
+
+
+def test_the_script_runs_end_to_end_on_the_cpu(tmp_path, data_root, cache_dir, monkeypatch):
+    """``--device cpu``: every part of the check runs (training, numerics, evaluation at 4L, the
+    benchmark) and the report names each scheme with its checks passed."""
+    monkeypatch.setenv("POSENC_DATA_DIR", str(data_root))
+    out = tmp_path / "gpu.md"
+    rc = gpu_check.main(["--device", "cpu", "--model", "micro", "--seq-len", "32", "--steps", "12", "--batch-size", "8",
+                         "--schemes", "none", "alibi", "shaw", "--bench-lengths", "32", "--bench-repeats", "1",
+                         "--no-paper-bench", "--cache-dir", str(cache_dir), "--out", str(out)])  # fmt: skip
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert rc == 0, res["failures"]
+    assert [r["scheme"] for r in res["schemes"]] == ["none", "alibi", "shaw"]
+    for r in res["schemes"]:
+        assert r["steps"] == 12 and abs(r["first_loss"] - math.log(260)) < 0.1 * math.log(260)
+        assert r["last_loss"] < r["first_loss"] and r["bf16"] < gpu_check.BF16_TOL and r["fp32"] < gpu_check.FP32_TOL
+        assert math.isfinite(r["ppl_4L"])
+    assert {r["scheme"]: r["route"] for r in res["schemes"]} == {"none": "fused", "alibi": "masked",
+                                                                 "shaw": "recomputed"}  # fmt: skip
+    assert {r["T"] for r in res["bench"]["rows"]} == {32}
+    text = out.read_text()
+    assert "a smoke test of the script, not a GPU check" in text
+    assert "| alibi |" in text and "**no**" not in text
+
+
+def test_a_broken_part_is_reported_and_fails_the_check(tmp_path, data_root, cache_dir, monkeypatch):
+    """A scheme whose run raises is written into the report with its error; the exit status is 1."""
+    monkeypatch.setenv("POSENC_DATA_DIR", str(data_root))
+    real = gpu_check.check_scheme
+
+    def broken(scheme, a, work):
+        if scheme == "alibi":
+            raise RuntimeError("planted failure")
+        return real(scheme, a, work)
+
+    monkeypatch.setattr(gpu_check, "check_scheme", broken)
+    out = tmp_path / "gpu.md"
+    rc = gpu_check.main(["--device", "cpu", "--model", "micro", "--seq-len", "32", "--steps", "4", "--batch-size", "4",
+                         "--schemes", "none", "alibi", "--bench-lengths", "--no-paper-bench", "--cache-dir",
+                         str(cache_dir), "--out", str(out)])  # fmt: skip
+    assert rc == 1
+    assert "alibi: RuntimeError: planted failure" in out.read_text()
+
+
+def test_mixed_precision_with_gradient_clipping_trains(make_cfg):
+    """bf16-mixed with the default gradient clipping: Lightning refuses to clip for an optimizer that
+    unscales its gradients itself (the fused AdamW), which stopped every scheme of the first GPU
+    check; the module then takes the loop over parameters. On the CPU here, as on CUDA."""
+    from posenc.train import train
+
+    cfg = make_cfg("model=micro", "trainer.precision=bf16-mixed", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                   "trainer.limit_val_batches=1", "~logger")  # fmt: skip
+    assert cfg.trainer.gradient_clip_val and cfg.optim.fused
+    metrics = train(cfg)
+    assert math.isfinite(float(metrics["val/loss"]))
+
+
+def test_paper_estimate_against_a_hand_count():
+    """GPU-hours from step times: runs x steps x step seconds x (tokens per step / the benchmark's)."""
+    params = {"seeds": "0 1", "lm": {"steps": 100, "train_len": 8, "batch_size": 4},
+              "mlm": {"steps": 50, "seq_len": 4, "batch_size": 2},
+              "retrieval": {"seeds": "0", "cap": 200, "batch_size": 4},
+              "schemes": {"a": {"tasks": "lm mlm"}, "b": {"tasks": "lm retrieval"}}}  # fmt: skip
+    bench = {"rows": [{"scheme": "a", "T": 8, "batch": 4, "train_s_min": 36.0},
+                      {"scheme": "a", "T": 4, "batch": 8, "train_s_min": 72.0},
+                      {"scheme": "b", "T": 8, "batch": 4, "train_s_min": 18.0}]}  # fmt: skip
+    e = gpu_check.paper_estimate(bench, params)
+    lm = (2 * 100 * 36.0 + 2 * 100 * 18.0) / 3600  # 2 seeds of each scheme
+    mlm = 2 * 50 * 72.0 * (2 / 8) / 3600  # batch 2 against the benchmark's 8 at T = 4
+    retrieval = 1 * 200 * 18.0 / 3600
+    assert e["hours"] == pytest.approx({"lm": lm, "mlm": mlm, "retrieval": retrieval})
+    assert e["total_h"] == pytest.approx(lm + mlm + retrieval)
+    assert e["longest_h"] == pytest.approx(max(100 * 36.0, 200 * 18.0) / 3600)  # a causal-LM run, b retrieval run
+    assert e["wall_h"][32] == pytest.approx(e["longest_h"])  # more GPUs than work: the longest run bounds it
+    assert e["missing"] == []
+
+
+def test_the_committed_report_is_the_committed_run_rendered(tmp_path):
+    """docs/gpu.md is what ``--from-json docs/gpu.json`` writes: no figure in it is typed by hand."""
+    out = tmp_path / "gpu.md"
+    assert gpu_check.main(["--from-json", str(DOCS / "gpu.json"), "--out", str(out)]) == 0
+    assert out.read_text() == (DOCS / "gpu.md").read_text()
+    res = json.loads((DOCS / "gpu.json").read_text())
+    assert res["environment"]["device"] == "cuda" and res["environment"]["gpu"]
+    assert not res["failures"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "1"], "--steps and --seq-len must be at least 2"),
+    (["--device", "cuda"], "no CUDA GPU is visible"),
+])  # fmt: skip
+def test_bad_settings_are_refused(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        gpu_check.parse_args(argv + (["--device", "cpu"] if "--device" not in argv else []))
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_estimate_counts_every_run_of_the_paper_profile():
+    """The estimate reads profiles/paper/params.yaml: 15 schemes x their tasks (xPos is causal only) = 44 jobs."""
+    import yaml
+
+    jobs = gpu_check.paper_jobs(yaml.safe_load(gpu_check.PAPER_PARAMS.read_text()))
+    assert len(jobs) == 44 and {j["T"] for j in jobs} == {128, 512}
+    assert {j["task"] for j in jobs if j["scheme"] == "xpos"} == {"lm", "retrieval"}
