@@ -77,9 +77,10 @@ def test_local_preset_runs_the_points_in_parallel_processes_of_one_thread(tmp_pa
 
 def test_slurm_preset_composes_one_gpu_job(tmp_path, data_root, cache_dir):
     """What ``hydra/launcher=slurm`` composes to through ``python train.py`` (no sweep started)."""
-    # --cfg before the overrides: posenc's command line appends hydra.job.name=train after them
-    r = subprocess.run([sys.executable, str(REPO / "train.py"), "--cfg", "hydra", "hydra/launcher=slurm",
-                        "hydra.launcher.partition=gpu"], check=False, cwd=tmp_path,
+    # --cfg after the overrides: posenc's command line puts its hydra.job.name beside them, so the
+    # order a user writes is the one Hydra's parser takes
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                        "--cfg", "hydra"], check=False, cwd=tmp_path,
                        env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     launcher = yaml.safe_load(r.stdout)["hydra"]["launcher"]

@@ -153,7 +153,11 @@ def cli() -> None:
     multirun folder. Other flags (``--help``) keep Hydra's own handling."""
     sys.argv[1:] = _null_groups(sys.argv[1:])
     if not any(a.lstrip("+~").split("=", 1)[0] == "hydra.job.name" for a in sys.argv[1:]):
-        sys.argv.append(f"hydra.job.name={JOB_NAME}")
+        # beside the user's overrides: Hydra's parser takes them as one run of arguments, so an override
+        # after a flag (`encoding=alibi --cfg job hydra.job.name=...`) would be refused
+        at = next((i for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("-") and ("=" in a or a[:1] in "~+")),
+                  len(sys.argv))
+        sys.argv.insert(at, f"hydra.job.name={JOB_NAME}")
     args = sys.argv[1:]
     flags = [a for a in args if a.startswith("-")]
     if not flags or set(flags) <= {"-m", "--multirun"}:
