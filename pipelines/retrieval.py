@@ -4,8 +4,10 @@ lengths x needle depths, also with zero-shot context-extension rules (``rope+yar
     python -m pipelines.retrieval runs/rope/retrieval-s0 --multipliers 1 2 4 8 16 --extensions yarn
 
 The study scores its retrieval runs cell by cell on its pool of workers
-(``score_cells`` per (length, depth), then ``finish_grid``; ``pipelines.study``);
-this CLI scores any run folder the same way in one process (``grid_job``). The
+(``score_cells`` per (length, depth), then ``finish_grid``; ``pipelines.study``), or a
+grid per job with a submitit executor (``pipelines.executors``), on the device each run
+was trained on; this CLI scores any run folder the same way in one process, on the CPU
+(``grid_job``). The
 trials are the same for every scheme and seed (``--trial-seed``, the validation
 split's filler); each cell scores ``--trials`` of them (``posenc.retrieval.evaluate_grid``),
 and on the first ``--attention-trials`` it measures how much the top layer looks at the
@@ -23,9 +25,16 @@ import sys
 from pathlib import Path
 
 
+def scoring_device(accelerator: str) -> str:
+    """Where a run is scored after its training: on a GPU when its trainer ran on one
+    (``trainer.accelerator`` gpu or cuda), else on the CPU."""
+    return "cuda" if str(accelerator).lower() in ("gpu", "cuda") else "cpu"
+
+
 @functools.lru_cache(maxsize=4)
-def _loaded(run_dir: str, extension: str | None, base_len: int | None):
-    """(model, task, row labels) of a trained run, kept by a worker for the cells that follow.
+def _loaded(run_dir: str, extension: str | None, base_len: int | None, device: str = "cpu"):
+    """(model, task, row labels) of a trained run on ``device``, kept by a worker for the
+    cells that follow.
 
     ``base_len``: the L of the grid's multiples and of the rule's original length
     (a run fine-tuned at 4L is scored on the lengths of the run it came from)."""
@@ -36,7 +45,7 @@ def _loaded(run_dir: str, extension: str | None, base_len: int | None):
     state = load_state(res.path)
     cfg = stored_run(state, res.path)["cfg"]
     L = base_len or int(cfg["data"]["seq_len"])
-    module = module_from_state(state, res.path, "cpu", {"scaling": extension, "original_len": L} if extension else None)
+    module = module_from_state(state, res.path, device, {"scaling": extension, "original_len": L} if extension else None)
     dm = run_data(cfg, vocab_size=int(module.hparams["vocab_size"]))
     task = rt.Task(dm.prepared, int(cfg["task"]["digits"]), 1)
     labels = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "extension": extension or "",
@@ -45,11 +54,13 @@ def _loaded(run_dir: str, extension: str | None, base_len: int | None):
 
 
 def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, extension: str | None = None,
-                base_len: int | None = None, extra: dict | None = None) -> list[dict]:
+                base_len: int | None = None, extra: dict | None = None, device: str = "cpu") -> list[dict]:
     """Grid rows of a trained run on the given (length, depth) cells (with a
-    context-extension rule switched on past L); ``extra`` replaces row labels (a
-    fine-tuned run's scheme and extension). ``settings``: ``trial_seed``, ``trials``
-    and ``attention_trials``."""
+    context-extension rule switched on past L), on ``device``; ``extra`` replaces row
+    labels (a fine-tuned run's scheme and extension). ``settings``: ``trial_seed``,
+    ``trials`` and ``attention_trials``. A cell's row is the same whichever cells share
+    the call (its trials are drawn from the cell and the trial seed alone): the study
+    scores a grid a cell per job on its pool, and a whole grid per submitit job."""
     import math
 
     import torch
@@ -57,18 +68,18 @@ def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, ex
     from analysis.reach import needle_attention
     from posenc import retrieval as rt
 
-    model, task, labels = _loaded(str(run_dir), extension, base_len)
+    model, task, labels = _loaded(str(run_dir), extension, base_len, device)
     filler, seed = task.filler("validation"), settings["trial_seed"]
     rows = []
     for length, depth in cells:
         (row,) = rt.evaluate_grid(model, filler, task.sym, [length], [depth], digits=task.digits, seed=seed,
-                                  trials=settings["trials"])
+                                  trials=settings["trials"], device=device)
         row["needle_attention"] = math.nan
         if row["trials"] and settings["attention_trials"]:
             idx = torch.stack([rt.trial(filler, task.sym, length, depth, task.digits, seed, i)[0]
                                for i in range(settings["attention_trials"])])
             start = round(depth * rt.Layout(length, 1, task.digits).filler)  # the needle's key
-            row["needle_attention"] = needle_attention(model, idx, start, 1 + task.digits, task.digits)
+            row["needle_attention"] = needle_attention(model, idx.to(device), start, 1 + task.digits, task.digits)
         rows.append(row)
     L = labels["train_len"]
     return [{**labels, **(extra or {}), "multiple": r["length"] // L, **r} for r in rows]

@@ -1,6 +1,6 @@
 """One scheme of the study: its causal-LM and masked-LM runs over seeds, the
 length extrapolation of every causal-LM run, and its retrieval runs with their
-exact-match grid, on a pool of worker processes.
+exact-match grid, on a pool of worker processes (or another executor, ``--executor``).
 
     python -m pipelines.study rope --tasks lm mlm --seeds 0 1 2 --workers 2 --threads 1 \
         --runs-dir runs/rope --results results/runs/rope.json \
@@ -46,21 +46,51 @@ or the worker count), which the summaries compare before they put schemes in
 one table. A failed job does not stop the others; the stage then exits
 non-zero naming every failure, and writes no results file (DVC keeps nothing
 of a failed stage).
+
+Where the jobs run: ``--executor NAME_OR_PATH`` (default: the environment's
+``POSENC_EXECUTOR``, else ``pool``), a preset of ``conf/executor`` or the path of the
+user's own YAML (``pipelines.executors`` lists the keys):
+
+* ``pool``: the fork-server pool above, ``--workers`` processes.
+* ``gpus``: the same pool with one worker per CUDA device, each owning its device
+  (CUDA_VISIBLE_DEVICES) for its life, so a job starts when a device is free and no
+  device runs two (``--workers`` is ignored): ``POSENC_EXECUTOR=gpus dvc repro`` on a
+  node with several GPUs.
+* ``local`` and ``slurm``: each job a submitit job, a subprocess of this machine or an
+  sbatch job (``slurm_partition``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``,
+  ``timeout_min`` in the file). The stage waits for its jobs and writes its results as
+  above; a job that fails, is cancelled, times out or is preempted fails the stage,
+  named with its job id and log. A job pays a Python and torch start-up (and a queue
+  wait), so a retrieval grid is scored in one job, not a cell per job; a cell's row
+  does not depend on the cells scored beside it, and the rows are sorted as above.
+  Why submitit: Hydra's SLURM launcher is built on it, it is how most users of
+  research clusters send Python calls to SLURM, and its local mode goes through the
+  same code path (a pickled call run by ``submitit.core._submit`` in a process of its
+  own), so a local run tests what a SLURM run does. Why not Ray: it needs a Ray
+  cluster started on the SLURM allocation first, and on one node the pool already
+  gives one worker per GPU.
+
+The executor is deliberately no DVC param, no part of the stage command in dvc.yaml
+and no part of the results' ``provenance``: where the jobs ran changes no result (a
+run is seeded by its config, and its device is its trainer's, a setting of the
+study), so choosing it must neither invalidate the cached study stages nor change
+their digests. The results' ``timing`` block records it (``executor``, ``workers``,
+``devices``; ``cluster`` for submitit) beside the threads. Runs are scored on the
+device they trained on (``trainer.accelerator``: gpu or cuda -> cuda, else the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shlex
 import shutil
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from pipelines.retrieval import add_grid_arguments, check_grid_arguments, grid_settings
+from pipelines import executors
+from pipelines.retrieval import add_grid_arguments, check_grid_arguments, grid_settings, scoring_device
 from posenc.errors import ConfigError
 from posenc.tasks import load, misfits  # light: no torch in the parent before the pool starts
 
@@ -73,12 +103,6 @@ PRELOAD = ["posenc.train", "posenc.evaluate", "posenc.retrieval"]
 def job_label(scheme: str, task: str, seed: int) -> str:
     """How the progress lines name a job (its MLflow run name also carries the corpus)."""
     return f"{scheme}-{task}-s{seed}"
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def parse_extension(spec: str) -> tuple[str, int, int]:
@@ -116,7 +140,8 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     also with each of the scheme's context-extension rules in ``extensions``, zero-shot
     or after a fine-tune, see ``parse_extension``). A retrieval run is not scored
     here: its ``grids`` (the run with each zero-shot rule, and each fine-tuned run)
-    name what the pool scores cell by cell (``pipelines.retrieval.score_cells``)."""
+    name what the executor scores (``pipelines.retrieval.score_cells``). A run is scored on the
+    device it was trained on (``trainer.accelerator``)."""
     started = time.time()
     from posenc import evaluate as ev
     from posenc.config import compose
@@ -134,13 +159,14 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
     rows, grids, eval_s = [], [], 0.0
     L = int(cfg.data.seq_len)
     lengths = [int(m) * L for m in extrapolate["multipliers"]] if extrapolate else []
-    common = {"methods": ("nonoverlapping",), "device": "cpu", "progress": False, "lengths": lengths,
+    device = scoring_device(cfg.trainer.accelerator)  # a run trained on a GPU is scored on it
+    common = {"methods": ("nonoverlapping",), "device": device, "progress": False, "lengths": lengths,
               "max_tokens": extrapolate and extrapolate["max_tokens"]}  # fmt: skip
     for spec in [None, *extensions] if extrapolate else []:
         rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
         if not mult:  # the run itself, plain or with a rule switched on
             if scored_on_grid:
-                grids.append({"run_dir": out_dir, "extension": rule, "base_len": L, "extra": None})
+                grids.append({"run_dir": out_dir, "extension": rule, "base_len": L, "extra": None, "device": device})
                 continue
             t = time.perf_counter()
             rows += ev.evaluate_checkpoint(out_dir, ev.Settings(extension=rule, **common))[0]
@@ -153,7 +179,7 @@ def run_job(scheme: str, task: str, seed: int, overrides: list[str], out_dir: st
         train_s += time.perf_counter() - t
         label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "extension": spec}
         if scored_on_grid:
-            grids.append({"run_dir": tuned_dir, "extension": None, "base_len": L, "extra": label})
+            grids.append({"run_dir": tuned_dir, "extension": None, "base_len": L, "extra": label, "device": device})
             continue
         t = time.perf_counter()
         rows += ev.evaluate_checkpoint(tuned_dir, ev.Settings(extra=label | {"train_len": L}, **common))[0]
@@ -204,6 +230,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--workers", type=int, default=2, help="training processes at once")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--executor", default=None,
+                   help=f"where the jobs run: a preset of conf/executor ({', '.join(executors.presets())}) or the "
+                   f"path of your own .yaml (default: ${executors.ENV}, else pool); see pipelines/executors.py")
     p.add_argument("--runs-dir", required=True, help="run folders go to <runs-dir>/<task>-s<seed>")
     p.add_argument("--results", required=True, help="JSON file: per-run metrics and timings")
     p.add_argument("--extrapolation", help="results file (.csv, with a .json twin) of the causal-LM runs")
@@ -248,6 +277,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parse_extension(spec)
         except ValueError as e:
             p.error(str(e))
+    try:  # where the jobs run: refused here, before anything runs or the runs folder is emptied
+        a.executor = executors.settings(a.executor)
+    except ConfigError as e:
+        p.error(str(e))
     return a
 
 
@@ -255,17 +288,23 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     seeds = {"retrieval": a.retrieval_seeds}  # a task's seeds, when its flag gives its own
     n = sum(len(seeds.get(task, a.seeds)) for task in a.tasks)
-    os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server (and a submitit job)
+    runs = Path(a.runs_dir)
+    try:  # submitit's own checks of the settings (SLURM's srun on PATH): before anything runs
+        ex = executors.build(a.executor, workers=min(a.workers, n), threads=a.threads, preload=PRELOAD,
+                             folder=runs.parent / ".submitit" / runs.name)  # beside the runs folder, not in it
+    except ConfigError as e:
+        print(f"study refused, nothing was run: {e}", file=sys.stderr)
+        return 2
+    if a.executor["kind"] != "pool" or a.executor["gpus"] is not None:
+        print(f"{a.scheme}: {n} runs as {ex.banner()}", flush=True)
     done, failed = [], []
-    grids: dict[tuple, dict] = {}  # (seed, grid index) -> the grid, its rows and its cells left
+    grids: dict[tuple, dict] = {}  # (seed, grid index) -> the grid, its rows and its jobs left
     try:
-        with ProcessPoolExecutor(min(a.workers, n), mp_context=ctx, initializer=_init_worker,
-                                 initargs=(a.threads,)) as pool:
-            # the scheme takes every task, or nothing runs (the pool has imported its class: the parent need not)
+        with ex:
+            # the scheme takes every task, or nothing runs (a pool worker imports its class: the parent need not)
             try:
-                refused = pool.submit(misfits, a.scheme, a.tasks).result()
+                refused = ex.call(misfits, a.scheme, a.tasks)
             except (ConfigError, OSError, ImportError, ValueError) as e:
                 refused = [f"scheme {a.scheme}: {e}"]
             if refused:
@@ -282,30 +321,33 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in seeds.get(task, a.seeds):
                     overrides = shlex.split(a.common) + shlex.split(a.scheme_overrides) + shlex.split(own.get(task, ""))
                     extra = {"multipliers": a.multipliers, "max_tokens": a.max_tokens} if evaluation[task] else None
-                    jobs.append((a.scheme, task, seed, overrides, str(Path(a.runs_dir) / f"{task}-s{seed}"), extra,
+                    jobs.append((a.scheme, task, seed, overrides, str(runs / f"{task}-s{seed}"), extra,
                                  rules.get(task, [])))
-            if Path(a.runs_dir).is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
+            if runs.is_dir():  # the stage's own folder: no run of an earlier version stays beside the new ones
                 shutil.rmtree(a.runs_dir)
-            pending = {pool.submit(run_job, *job): ("run", job) for job in jobs}
+            ex.clear()  # and the logs of the jobs of an earlier version
+            pending = {ex.submit(run_job, *job, name=job_label(*job[:3])): ("run", job) for job in jobs}
             # imported while the workers train: the parent itself never imports Lightning
             from pipelines.retrieval import finish_grid, score_cells
             from posenc.evaluate import write_results
             from posenc.files import portable_path, write_json
 
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                finished = ex.wait(pending)
                 for fut in finished:
                     kind, job = pending.pop(fut)
-                    if kind == "cell":
-                        key, cell = job
+                    where = ex.describe(fut)
+                    where = f" ({where})" if where else ""
+                    if kind == "cells":
+                        key, cells = job
                         g = grids[key]
                         try:
                             rows, seconds = fut.result()
                             g["rows"] += rows
                             g["record"]["eval_s"] = round(g["record"]["eval_s"] + seconds, 2)
                         except Exception as e:  # noqa: BLE001 -- reported below, the others go on
-                            failed.append(f"{job_label(a.scheme, 'retrieval', key[0])} grid cell {cell}: "
-                                          f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                            part = f"grid cell {cells[0]}" if len(cells) == 1 else f"grid of {len(cells)} cells"
+                            failed.append(f"{job_label(a.scheme, 'retrieval', key[0])} {part}: {ex.reason(e)}{where}")
                         g["left"] -= 1
                         if g["left"] == 0 and len(g["rows"]) == g["cells"]:
                             rows = finish_grid(g["run_dir"], g["rows"], g["uri"], g["extension"])
@@ -318,19 +360,23 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         r = fut.result()
                     except Exception as e:  # noqa: BLE001 -- reported below, the others go on
-                        failed.append(f"{job_label(scheme, task, seed)}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                        failed.append(f"{job_label(scheme, task, seed)}: {ex.reason(e)}{where}")
                         print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)} FAILED", flush=True)
                         continue
                     done.append(r)
                     uri = r.pop("tracking_uri")
-                    for i, grid in enumerate(r.pop("grids")):  # score a retrieval run's grids on the pool
+                    for i, grid in enumerate(r.pop("grids")):  # score a retrieval run's grids
                         cells = grid_cells(grid, a.multipliers)
-                        grids[seed, i] = {**grid, "rows": [], "cells": len(cells), "left": len(cells),
+                        # a cell per job on a pool (the workers share a grid); a grid per job where a job
+                        # pays a start-up (submitit): a cell's rows do not depend on the cells beside it
+                        parts = [cells] if ex.whole_grids else [[cell] for cell in cells]
+                        grids[seed, i] = {**grid, "rows": [], "cells": len(cells), "left": len(parts),
                                           "uri": uri, "record": r}
-                        for cell in cells:
-                            fut = pool.submit(timed, score_cells, grid["run_dir"], [cell], a.grid, grid["extension"],
-                                              grid["base_len"], grid["extra"])
-                            pending[fut] = ("cell", ((seed, i), cell))
+                        for part in parts:
+                            fut = ex.submit(timed, score_cells, grid["run_dir"], part, a.grid, grid["extension"],
+                                            grid["base_len"], grid["extra"], grid["device"],
+                                            name=f"{job_label(scheme, task, seed)}-grid{i}")
+                            pending[fut] = ("cells", ((seed, i), part))
                     acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
                     print(f"[{len(done) + len(failed)}/{n}] {job_label(scheme, task, seed)}: val ppl {r.get('val/ppl', float('nan')):.3f}"
                           f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
@@ -357,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in done:
         r["run_dir"] = portable_path(r["run_dir"])
     timing = {
-        "workers": min(a.workers, n), "threads": a.threads,
+        **ex.record(), "threads": a.threads,  # where the jobs ran: no part of the provenance
         "startup_s": round(min(r.pop("started") for r in done) - T0, 2),
         "train_s": round(sum(r["train_s"] for r in done), 2),
         "eval_s": round(sum(r["eval_s"] for r in done), 2),
