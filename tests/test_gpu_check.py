@@ -84,7 +84,11 @@ def test_paper_estimate_against_a_hand_count():
     assert e["hours"] == pytest.approx({"lm": lm, "mlm": mlm, "retrieval": retrieval})
     assert e["total_h"] == pytest.approx(lm + mlm + retrieval)
     assert e["longest_h"] == pytest.approx(max(100 * 36.0, 200 * 18.0) / 3600)  # a causal-LM run, b retrieval run
-    assert e["wall_h"][32] == pytest.approx(e["longest_h"])  # more GPUs than work: the longest run bounds it
+    assert e["wall_h"][1] == pytest.approx(e["total_h"])
+    # one stage at a time: a's 2 LM runs of 1 h and 2 MLM runs of 0.25 h, then b's retrieval run of 1 h and
+    # 2 LM runs of 0.5 h; with 2 GPUs a takes 1.25 h (1 + 0.25 on each) and b 1 h (1; 0.5 + 0.5)
+    assert e["wall_h"][32] == pytest.approx(2.0) and e["runs_per_stage"] == 4
+    assert gpu_check.paper_estimate(bench, params, gpus=(2,))["wall_h"][2] == pytest.approx(2.25)
     assert e["missing"] == []
 
 
@@ -108,6 +112,11 @@ def test_bad_settings_are_refused(argv, message, capsys, monkeypatch):
         gpu_check.parse_args(argv + (["--device", "cpu"] if "--device" not in argv else []))
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_makespan_takes_the_longest_first_to_the_first_free_worker():
+    assert gpu_check.makespan([2, 3, 2, 3, 2], 2) == 7  # 3+2+2 on one, 3+2 on the other
+    assert gpu_check.makespan([2, 3], 8) == 3 and gpu_check.makespan([2, 3], 1) == 5
 
 
 def test_the_estimate_counts_every_run_of_the_paper_profile():

@@ -213,26 +213,39 @@ def paper_jobs(params: dict) -> list[dict]:
             for scheme, item in params["schemes"].items() for task in item["tasks"].split()]  # fmt: skip
 
 
-def paper_estimate(bench: dict, params: dict) -> dict:
+def makespan(durations: list[float], n: int) -> float:
+    """Seconds until the last of ``durations`` ends with ``n`` workers, each job to the first free
+    worker, the longest first (as a stage's pool takes its jobs when a device frees)."""
+    free = [0.0] * min(n, len(durations) or 1)
+    for d in sorted(durations, reverse=True):
+        free[free.index(min(free))] += d
+    return max(free)
+
+
+def paper_estimate(bench: dict, params: dict, gpus: tuple[int, ...] = (1, 8, 9, 32)) -> dict:
     """GPU-hours of the study's training steps from the measured step times: a run's step at the
     benchmark's T, scaled by the run's tokens per step over the benchmark's (the step's cost is
     close to linear in the batch at a fixed T; evaluation, validation and the retrieval grids are
-    not counted). Per task and in all, and the wall time on N GPUs (one job per GPU: the jobs
-    spread over the GPUs, and no schedule ends before its longest job)."""
+    not counted). Per task and in all, and the wall time on N GPUs as ``dvc repro`` runs the
+    study: one scheme's stage at a time, its runs (a run per seed and task) spread over the GPUs,
+    one per GPU, so a stage lasts at least its longest run and uses at most as many GPUs as it
+    has runs."""
     step = {(r["scheme"], r["T"]): (r["train_s_min"], r["batch"]) for r in bench["rows"]}
     hours: dict[str, float] = {}
-    longest, missing = 0.0, []
+    stages: dict[str, list[float]] = {}
+    missing = []
     for j in paper_jobs(params):
         if (j["scheme"], j["T"]) not in step:
             missing.append(f"{j['scheme']} at T = {j['T']}")
             continue
         s, b = step[j["scheme"], j["T"]]
         run_s = j["steps"] * s * j["batch"] / b
-        longest = max(longest, run_s)
         hours[j["task"]] = hours.get(j["task"], 0.0) + j["runs"] * run_s / 3600
-    total = sum(hours.values())
-    return {"hours": hours, "total_h": total, "longest_h": longest / 3600, "missing": missing,
-            "wall_h": {n: max(total / n, longest / 3600) for n in (1, 8, 32)}}
+        stages.setdefault(j["scheme"], []).extend([run_s] * j["runs"])
+    runs = max((len(d) for d in stages.values()), default=0)
+    return {"hours": hours, "total_h": sum(hours.values()), "missing": missing, "runs_per_stage": runs,
+            "longest_h": max((max(d) for d in stages.values()), default=0.0) / 3600,
+            "wall_h": {n: sum(makespan(d, n) for d in stages.values()) / 3600 for n in gpus}}
 
 
 def environment(device: str) -> dict:
@@ -342,7 +355,10 @@ def paper_markdown(res: dict) -> list[str]:
     lines = ["", "## The paper profile on this " + ("GPU" if res["environment"].get("gpu") else "device"), ""]
     if "error" in p:
         return lines + [f"Failed: {p['error']}"]
-    e = p["estimate"]
+    import yaml
+
+    params = p.get("values") or yaml.safe_load((project_root() / p["params"]).read_text())
+    e = paper_estimate(p, params)
     lines += [
         f"`python {p['command'].replace(str(res['work']), '<tmp>')}` ({p['seconds']:.0f} s): a training step of the "
         f"model of `{p['params']}` at its lengths, vocabulary and tokens per step, best of the rounds.", "",
@@ -354,8 +370,10 @@ def paper_markdown(res: dict) -> list[str]:
         "evaluation, validation and the retrieval grids not counted): "
         + ", ".join(f"{t} {h:.1f} h" for t, h in e["hours"].items())
         + f", in all **{e['total_h']:.1f} GPU-hours**; the longest run {e['longest_h']:.2f} h. "
-        "With one job per GPU (`POSENC_EXECUTOR=gpus`, or SLURM): "
-        + ", ".join(f"{n} GPU{'s' if int(n) > 1 else ''} {h:.1f} h" for n, h in e["wall_h"].items()) + ".",
+        f"As `dvc repro` runs it with one job per GPU (`POSENC_EXECUTOR=gpus`, or `slurm`): one scheme's stage at "
+        f"a time, its {e['runs_per_stage']} runs spread over the GPUs: "
+        + ", ".join(f"{n} GPU{'s' if int(n) > 1 else ''} {h:.1f} h" for n, h in e["wall_h"].items())
+        + " (past the runs of a stage, more GPUs wait).",
     ]  # fmt: skip
     if e["missing"]:
         lines.append(f"Not timed: {', '.join(e['missing'])}.")
@@ -451,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                      "--tokens-per-batch", str(params["lm"]["train_len"] * params["lm"]["batch_size"]))
             paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
                               extra if a.device == "cuda" else ("--no-memory",))
-            res["paper"] = paper | {"estimate": paper_estimate(paper, params), "params": str(PAPER_PARAMS.relative_to(project_root()))}
+            res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
         except Exception as e:  # noqa: BLE001
             res["paper"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"}
             res["failures"].append(f"paper profile's model: {res['paper']['error']}")
