@@ -68,6 +68,7 @@ STUDY_CORE = (
     "src/posenc/tracking.py",
     "src/posenc/train.py",
     "src/posenc/config.py",
+    "pipelines/executors.py",
     "pipelines/retrieval.py",
     "pipelines/study.py",
     "analysis/reach.py",
