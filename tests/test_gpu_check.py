@@ -21,8 +21,11 @@ def test_the_script_runs_end_to_end_on_the_cpu(tmp_path, data_root, cache_dir, m
     rc = gpu_check.main(["--device", "cpu", "--model", "micro", "--seq-len", "32", "--steps", "12", "--batch-size", "8",
                          "--schemes", "none", "alibi", "shaw", "--bench-lengths", "32", "--bench-repeats", "1",
                          "--no-paper-bench", "--cache-dir", str(cache_dir), "--out", str(out)])  # fmt: skip
-    res = json.loads(out.with_suffix(".json").read_text())
+    text = out.with_suffix(".json").read_text()
+    res = json.loads(text)
     assert rc == 0, res["failures"]
+    assert str(tmp_path) not in text and str(cache_dir) not in text  # no path of this machine in the record
+    assert res["settings"]["out"] == "gpu.md" and "<tmp>/bench" in res["bench"]["command"]
     assert [r["scheme"] for r in res["schemes"]] == ["none", "alibi", "shaw"]
     for r in res["schemes"]:
         assert r["steps"] == 12 and abs(r["first_loss"] - math.log(260)) < 0.1 * math.log(260)
@@ -99,6 +102,7 @@ def test_the_committed_report_is_the_committed_run_rendered(tmp_path):
     assert out.read_text() == (DOCS / "gpu.md").read_text()
     res = json.loads((DOCS / "gpu.json").read_text())
     assert res["environment"]["device"] == "cuda" and res["environment"]["gpu"]
+    assert not any(str(v).startswith("/") for v in res["settings"].values())  # paths of the project, or names
     assert not res["failures"]
 
 

@@ -62,6 +62,8 @@ BF16_TOL = 2e-2
 FP32_TOL = 1e-4
 #: a step over this many times NoPE's is explained in the report
 SLOW_STEP = 1.3
+#: byte-level Tiny Shakespeare: 256 bytes and 4 special tokens
+VOCAB = 260
 
 ROUTE_REASONS = {
     "masked": "a T x T float bias per head (per sequence too, where it reads the content) is built and passed to "
@@ -93,7 +95,7 @@ def overrides(scheme: str, a: argparse.Namespace, work: Path) -> list[str]:
     """The Hydra overrides of one scheme's run in the check."""
     return [
         f"encoding={scheme}", f"model={a.model}", f"trainer={'gpu' if a.device == 'cuda' else 'cpu'}",
-        "data=tinyshakespeare", "data.vocab_size=260", f"data.seq_len={a.seq_len}", f"data.batch_size={a.batch_size}",
+        "data=tinyshakespeare", f"data.vocab_size={VOCAB}", f"data.seq_len={a.seq_len}", f"data.batch_size={a.batch_size}",
         f"model.max_len={max(4 * a.seq_len, 2048)}", f"trainer.max_steps={a.steps}",
         f"trainer.val_check_interval={a.steps}", f"optim.warmup_steps={max(1, a.steps // 5)}", "trainer.limit_val_batches=4", "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false", "trainer.log_every_n_steps=10", "~logger", "log_checkpoint=false",
@@ -145,17 +147,16 @@ def check_scheme(scheme: str, a: argparse.Namespace, work: Path) -> dict:
     if a.device == "cuda":
         torch.cuda.synchronize()
     row["train_s"] = round(time.perf_counter() - t, 2)
-    losses = recorder.losses
-    vocab = 260
-    row.update(steps=len(losses), first_loss=losses[0], last_loss=losses[-1], ln_v=math.log(vocab),
+    losses, ln_v = recorder.losses, math.log(VOCAB)
+    row.update(steps=len(losses), first_loss=losses[0], last_loss=losses[-1], ln_v=ln_v,
                val_loss=float(metrics["val/loss"]))  # fmt: skip
-    row["loss_ok"] = (abs(losses[0] - math.log(vocab)) <= 0.1 * math.log(vocab)
+    row["loss_ok"] = (abs(losses[0] - ln_v) <= 0.1 * ln_v
                       and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0])  # fmt: skip
 
     ckpt = RunFolder(run_dir).last
     module = module_from_state(load_state(ckpt), ckpt, "cpu")
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, vocab, (2, a.seq_len), generator=g)
+    idx = torch.randint(0, VOCAB, (2, a.seq_len), generator=g)
     with torch.enable_grad():  # the route of a training step on the run's device
         row["route"] = module.model.train().blocks[0].attn.route(
             torch.zeros(1, a.seq_len, 1, device=a.device), torch.arange(a.seq_len, device=a.device))
@@ -190,7 +191,8 @@ def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: st
     keep = ("scheme", "class", "T", "batch", "train_s_min", "train_tok_s", "step_ratio", "mem_train_bytes",
             "mem_ratio", "flop_share", "train_peak_fraction")  # fmt: skip
     rows = [{k: r.get(k) for k in keep} for r in res["summary"] if r["impl"] == "posenc"]
-    return {"seconds": round(time.perf_counter() - t, 1), "rows": rows, "command": " ".join(cmd[1:]),
+    return {"seconds": round(time.perf_counter() - t, 1), "rows": rows,
+            "command": " ".join(cmd[1:]).replace(str(work), "<tmp>"),  # no path of this machine in the record
             "peak_flops_per_s": res["peak"]["flops_per_s"], "model": res["meta"].get("model")}
 
 
@@ -248,6 +250,17 @@ def paper_estimate(bench: dict, params: dict, gpus: tuple[int, ...] = (1, 8, 9, 
             "wall_h": {n: sum(makespan(d, n) for d in stages.values()) / 3600 for n in gpus}}
 
 
+def recorded_path(path: str | None) -> str | None:
+    """A path as the report records it: relative to the project when inside it, else its name alone."""
+    if path is None:
+        return None
+    p = Path(path).expanduser().absolute()
+    try:
+        return p.relative_to(project_root()).as_posix()
+    except ValueError:
+        return p.name
+
+
 def environment(device: str) -> dict:
     env = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
            "torch": torch.__version__, "lightning": L.__version__, "device": device}  # fmt: skip
@@ -260,6 +273,11 @@ def environment(device: str) -> dict:
 
         env["cpu"] = machine().get("cpu", platform.processor())
     return env
+
+
+def failure(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line of at most ``limit`` characters of its message."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
 
 
 def _fmt(x, spec: str) -> str:
@@ -276,7 +294,7 @@ def markdown(res: dict) -> str:
         + f", torch {env['torch']}, Lightning {env['lightning']}, {env['date']}. Total {res['seconds']:.0f} s.", "",
         "What it does and the tolerances: the docstring of `src/posenc/gpu_check.py`. "
         f"Every scheme trains {a['steps']} steps of `model={a['model']}` at L = {a['seq_len']} "
-        f"(batch {a['batch_size']}, byte-level Tiny Shakespeare, V = 260, ln V = {math.log(260):.3f})"
+        f"(batch {a['batch_size']}, byte-level Tiny Shakespeare, V = {VOCAB}, ln V = {math.log(VOCAB):.3f})"
         + (" in bf16-mixed on CUDA" if a["device"] == "cuda" else " on the CPU") + ".", "",
         "## Training, numerics, evaluation", "",
         f"First block's output against float64 on the CPU (relative error; tolerance {BF16_TOL:g} in bf16 autocast, "
@@ -307,7 +325,7 @@ def markdown(res: dict) -> str:
     else:
         routes = {r["scheme"]: r.get("route") for r in res["schemes"]}
         lines += [
-            f"`python {b['command'].replace(str(res['work']), '<tmp>')}` ({b['seconds']:.0f} s): training step (forward, "
+            f"`python {b['command']}` ({b['seconds']:.0f} s): training step (forward, "
             "backward, AdamW) of the whole model, best of the rounds; ratios against `none` at the same T in the same "
             "run; FLOP share: the scheme's counted training FLOPs over none's; peak fraction: FLOP/s over the matmul "
             f"peak measured in the run ({b['peak_flops_per_s'] / 1e12:.3g} TFLOP/s).", "",
@@ -355,12 +373,9 @@ def paper_markdown(res: dict) -> list[str]:
     lines = ["", "## The paper profile on this " + ("GPU" if res["environment"].get("gpu") else "device"), ""]
     if "error" in p:
         return lines + [f"Failed: {p['error']}"]
-    import yaml
-
-    params = p.get("values") or yaml.safe_load((project_root() / p["params"]).read_text())
-    e = paper_estimate(p, params)
+    e = paper_estimate(p, p["values"])
     lines += [
-        f"`python {p['command'].replace(str(res['work']), '<tmp>')}` ({p['seconds']:.0f} s): a training step of the "
+        f"`python {p['command']}` ({p['seconds']:.0f} s): a training step of the "
         f"model of `{p['params']}` at its lengths, vocabulary and tokens per step, best of the rounds.", "",
         "| scheme | T | batch | ms per step | step vs none |", "|---|---:|---:|---:|---:|",
         *[f"| {r['scheme']} | {r['T']} | {r['batch']} | {1000 * r['train_s_min']:.1f} | {_fmt(r.get('step_ratio'), '.2f')} |"
@@ -422,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     schemes = a.schemes or discover_schemes()
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="posenc-gpu-check-"))
-    res: dict = {"environment": environment(a.device), "settings": vars(a) | {"schemes": schemes}, "schemes": [],
-                 "failures": [], "work": str(work)}  # fmt: skip
+    paths = {k: recorded_path(getattr(a, k)) for k in ("cache_dir", "out")}  # no path of this machine
+    res: dict = {"environment": environment(a.device), "settings": vars(a) | paths | {"schemes": schemes},
+                 "schemes": [], "failures": []}  # fmt: skip
     out = Path(a.out)
 
     def save() -> None:  # after every part: a check stopped from outside keeps what it measured
@@ -446,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             if bad:
                 res["failures"].append(f"{scheme}: {' and '.join(bad)} false")
         except Exception as e:  # noqa: BLE001 -- recorded, the other schemes go on
-            row = {"scheme": scheme, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+            row = {"scheme": scheme, "error": failure(e)}
             res["failures"].append(f"{scheme}: {row['error']}")
             traceback.print_exc()
         res["schemes"].append(row)
@@ -457,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             res["bench"] = run_bench(a, work, left())
         except Exception as e:  # noqa: BLE001
-            res["bench"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"}
+            res["bench"] = {"error": failure(e, 1500)}
             res["failures"].append(f"benchmark: {res['bench']['error']}")
     if a.paper_bench:
         try:
@@ -471,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
                               extra if a.device == "cuda" else ("--no-memory",))
             res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
         except Exception as e:  # noqa: BLE001
-            res["paper"] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"}
+            res["paper"] = {"error": failure(e, 1500)}
             res["failures"].append(f"paper profile's model: {res['paper']['error']}")
     save()
     print(f"wrote {out} and {out.with_suffix('.json')} in {res['seconds']:.0f} s; "
