@@ -34,7 +34,8 @@ import pandas as pd
 
 from posenc.retrieval import wilson
 
-from .stats import format_p, mean_sd, welch
+from .stats import against as tested_against
+from .stats import comparison_cells, mean_sd, rank_intervals
 from .style import order, styles
 
 
@@ -95,12 +96,14 @@ def used(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["reached"] | ~any_reached]
 
 
-def summary(runs: pd.DataFrame, against: str | None = "none", cap: int | None = None) -> dict:
+def summary(runs: pd.DataFrame, against: str | None = "none", cap: int | None = None,
+            margin: float | None = None) -> dict:
     """Per scheme (see the module doc): ``seeds``, ``reached`` (the seeds that reached the
     criterion), ``marked`` (none did: the numbers are over all seeds), ``steps`` (per seed,
     None when the cap came first), ``cap`` (the step cap the runs were given; without it, the
     most steps a run of the scheme trained) and ``lengths`` {multiple: mean, sd, n, values,
-    lo, hi (pooled Wilson), digit_acc, needle_attention, vs (Welch against ``against``)}."""
+    lo, hi (pooled Wilson), digit_acc, needle_attention, vs (against ``against``: every scheme
+    at one length is one family, ``analysis.stats.against`` in points with ``margin``)}."""
     out = {}
     chosen = used(runs)
     for scheme in order(runs["scheme"].unique()):
@@ -120,13 +123,20 @@ def summary(runs: pd.DataFrame, against: str | None = "none", cap: int | None = 
         out[scheme] = {"seeds": sorted(steps), "reached": sorted(s for s, v in steps.items() if v is not None),
                        "marked": all(v is None for v in steps.values()), "steps": steps,
                        "cap": int(cap if cap is not None else first["steps"].max()), "lengths": lengths}
-    if against in out:
-        for scheme, e in out.items():
-            for m, cell in e["lengths"].items():
-                other = out[against]["lengths"].get(m)
-                if scheme != against and other:
-                    cell["vs"] = {"against": against, **welch(cell["values"], other["values"])}
+    for m in sorted({m for e in out.values() for m in e["lengths"]}):
+        at_m = {s: e["lengths"][m]["values"] for s, e in out.items() if m in e["lengths"]}
+        for scheme, test in tested_against(at_m, against, "points", margin).items():
+            out[scheme]["lengths"][m]["vs"] = test
     return out
+
+
+def step_ranks(t: dict) -> dict:
+    """Each scheme's place by its mean steps to the criterion (1 = the fastest; the schemes
+    proper, no ``+rule`` rows, over the seeds that reached it) with its 95% bootstrap
+    interval over seeds (``analysis.stats.rank_intervals``)."""
+    steps = {s: [e["steps"][str(x)] if str(x) in e["steps"] else e["steps"][x] for x in e["reached"]]
+             for s, e in t.items() if "+" not in s and e["reached"]}
+    return rank_intervals(steps, higher_is_better=False)
 
 
 def _pct(x: float) -> str:
@@ -154,8 +164,8 @@ def table_markdown(t: dict) -> str:
     head = ["scheme", *[label(m) for m in mults], f"trials' 95% interval at L, {label(top)}", "digits at L",
             f"digits at {label(top)}", "seeds reached"]
     if against:
-        head += [f"{label(top)} − `{against}` (95% CI)", "Welch p"]
-    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+        head += [f"{label(top)} − `{against}`'s (95% CI)", "p", "Holm p", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1 - bool(against)) + " --- |" * bool(against)]
     for s, e in t.items():
         cells = ["n/a" if m not in e["lengths"] else _spread(e["lengths"][m]) for m in mults]
         ends = [e["lengths"].get(1), e["lengths"].get(top)]
@@ -164,9 +174,7 @@ def table_markdown(t: dict) -> str:
         name = f"`{s}`" + (" †" if e["marked"] else "")
         row = [name, *cells, interval, *digits, _seeds(e)]
         if against:
-            w = (ends[1] or {}).get("vs")
-            ci = "" if not w or not w.get("ci") else f" ({100 * w['ci'][0]:+.0f}, {100 * w['ci'][1]:+.0f})"
-            row += ["—", "—"] if not w else [f"{100 * w['diff']:+.0f}{ci}", format_p(w["p"])]
+            row += comparison_cells((ends[1] or {}).get("vs"))
         lines.append("| " + " | ".join(row) + " |")
     if any(e["marked"] for e in t.values()):
         lines += ["", "† no run of this scheme reached the criterion by the cap: its numbers are over every run, "
@@ -176,19 +184,24 @@ def table_markdown(t: dict) -> str:
 
 def steps_markdown(t: dict, criterion: str) -> str:
     """Steps to the criterion per scheme, fastest first: each seed's (or "cap" when the
-    cap came first), and the mean ± sd over the seeds that reached it."""
+    cap came first), the mean ± sd over the seeds that reached it, and the scheme's place by
+    that mean with its 95% bootstrap interval over seeds (``step_ranks``)."""
     base = {s: e for s, e in t.items() if "+" not in s}  # a rule or a fine-tune shares its run's steps
+    ranks = step_ranks(base)
     key = lambda s: (not base[s]["reached"], mean_sd([base[s]["steps"][x] for x in base[s]["reached"]])[0]  # noqa: E731
                      if base[s]["reached"] else 0)
-    lines = [f"Steps to the criterion ({criterion}), validated every so many steps; \"cap\": not reached by the cap.",
-             "", "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached |",
-             "| --- | --- | ---: | ---: |"]
+    lines = [f"Steps to the criterion ({criterion}), validated every so many steps; \"cap\": not reached by the cap. "
+             "The place is by the mean (1: the fastest), with its 95% bootstrap interval over seeds.",
+             "", "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached | place (95% interval) |",
+             "| --- | --- | ---: | ---: | ---: |"]
     for s in sorted(base, key=key):
         e = base[s]
         per = ", ".join(f"s{seed}: " + (str(v) if v is not None else f"cap ({e['cap']})") for seed, v in e["steps"].items())
         got = [e["steps"][x] for x in e["reached"]]
         ms = "—" if not got else "{:.0f} ± {:.0f}".format(*mean_sd(got)) if len(got) > 1 else f"{got[0]} (one seed)"
-        lines.append(f"| `{s}` | {per} | {ms} | {len(got)} of {len(e['steps'])} |")
+        r = ranks.get(s)
+        place = "—" if r is None else f"{r['place']} ({r['lo']}–{r['hi']})"
+        lines.append(f"| `{s}` | {per} | {ms} | {len(got)} of {len(e['steps'])} | {place} |")
     return "\n".join(lines) + "\n"
 
 

@@ -28,9 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-#: bootstrap draws per comparison, and the seed of the generator (the report is reproducible)
-RESAMPLES = 2000
-SEED = 0
+from .stats import AHEAD, BEHIND, EQUIVALENT, RESAMPLES, SEED, UNDECIDED, UNTESTED, places
+from .stats import resample_means as _draw
 
 
 def kendall(a: Sequence[float], b: Sequence[float]) -> float:
@@ -38,21 +37,6 @@ def kendall(a: Sequence[float], b: Sequence[float]) -> float:
     from scipy import stats
 
     return float(stats.kendalltau(a, b).statistic)
-
-
-def places(means: Mapping[str, float], higher_is_better: bool) -> dict[str, int]:
-    """{scheme: its place, 1 for the best}; ties share the better place (competition ranking)."""
-    sign = -1 if higher_is_better else 1
-    ordered = sorted(means.values(), key=lambda v: sign * v)
-    return {s: 1 + ordered.index(v) for s, v in means.items()}
-
-
-def _draw(samples: Mapping[str, Sequence[float]], schemes: Sequence[str], rng: np.random.Generator) -> dict:
-    out = {}
-    for s in schemes:
-        v = np.asarray(samples[s], dtype=float)
-        out[s] = float(v[rng.integers(0, len(v), len(v))].mean())
-    return out
 
 
 def compare(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]], higher_is_better: bool = True,
@@ -156,3 +140,70 @@ def samples(lm: Mapping, mlm: Mapping, retrieval: Mapping, reach_rows: Sequence[
             "reach_top": reach_distance(reach_rows, top),
             "band_pp": band_scores(correlations, "position-position"),
             "band_wp": band_scores(correlations, "word-position")}
+
+
+# ------------------------------------------------------------------ does a finding hold at another scale?
+def holds(a: Mapping, b: Mapping, names: tuple[str, str] = ("the first", "the second")) -> str:
+    """Whether a comparison's verdict at one scale (``a``, a test of ``analysis.stats.family``)
+    holds at another (``b``): "holds" (the same word), "reversed" (decided in opposite
+    directions), "decided in <name>, equivalent in <other>" (a difference at one scale, none
+    beyond the margin at the other: it depends on scale), "decided in <name> only" or
+    "equivalent in <name> only" (the other scale's test cannot tell: too few seeds, or a
+    spread too wide), "undecided at both"; with one seed on a side there is no test, and
+    the verdict is the direction of the difference alone ("same direction, untested" or
+    "other direction, untested" after a decided one, else "untested")."""
+    wa, wb = a["word"], b["word"]
+    decided = (AHEAD, BEHIND)
+    if UNTESTED in (wa, wb):
+        if wa in decided or wb in decided:
+            neutral = 1.0 if a["scale"] == "log" else 0.0
+            same = (a["diff"] > neutral) == (b["diff"] > neutral)
+            return ("same" if same else "other") + " direction, untested"
+        return "untested"
+    if wa == wb:
+        return "undecided at both" if wa == UNDECIDED else "holds"
+    if wa in decided and wb in decided:
+        return "reversed"
+    if {wa, wb} <= {*decided, EQUIVALENT}:
+        first, second = names if wa in decided else names[::-1]
+        return f"decided in {first}, equivalent in {second}"
+    first = names[0] if wb == UNDECIDED else names[1]
+    return f"{'decided' if (wa if wb == UNDECIDED else wb) in decided else 'equivalent'} in {first} only"
+
+
+def depends_on_scale(verdict: str) -> bool:
+    """Whether a verdict of ``holds`` says the finding changes with scale: reversed, or decided
+    at one scale and equivalent at the other."""
+    return verdict == "reversed" or ", equivalent in " in verdict
+
+
+def findings(a, b, retrieval_a=None, retrieval_b=None) -> list[dict]:
+    """The comparisons the report states of study ``a`` (``pipelines.report.Study``), each with its
+    verdict at ``b`` from ``b``'s own tables: every LM row against the LM reference, the masked-LM
+    question against each scheme it is tested against, and retrieval against its reference at 4L
+    and the longest length (read from ``retrieval_a`` / ``retrieval_b`` when given: studies with
+    more retrieval seeds). [{"finding", "a", "b" (tests), "verdict"}]."""
+    names = (a.name, b.name)
+    rows = []
+
+    def add(finding: str, ta, tb) -> None:
+        if ta and tb:
+            rows.append({"finding": finding, "a": ta, "b": tb, "verdict": holds(ta, tb, names)})
+
+    top = a.top
+    for s, e in sorted(a.lm.items()):
+        t = e.get("vs_reference")
+        if t and "+" not in s:
+            add(f"LM: `{s}`'s ppl({top}L) / ppl(L) against `{t['against']}`'s", t, (b.lm.get(s) or {}).get("vs_reference"))
+    q = a.mlm.get("question")
+    for o, t in (a.mlm.get("tests") or {}).items():
+        if b.mlm.get("question") == q:
+            add(f"MLM: `{q}`'s accuracy against `{o}`'s", t, (b.mlm.get("tests") or {}).get(o))
+    ra, rb = (retrieval_a or a).retrieval.get("schemes", {}), (retrieval_b or b).retrieval.get("schemes", {})
+    for m in sorted({4, top}):
+        for s, e in sorted(ra.items()):
+            t = (e["lengths"].get(str(m)) or {}).get("vs")
+            if t and "+" not in s:
+                other = ((rb.get(s) or {}).get("lengths", {}).get(str(m)) or {}).get("vs")
+                add(f"retrieval: `{s}`'s exact match at {m}L against `{t['against']}`'s", t, other)
+    return rows

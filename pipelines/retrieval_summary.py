@@ -9,7 +9,9 @@ and how far it attends, gathered into figures, tables and tidy files (``analysis
 Writes ``<out-dir>/grid``, ``curves``, ``steps`` and ``reach`` (.png and .svg),
 ``<md-dir>/retrieval_table.md``, ``retrieval_steps.md`` and ``reach_table.md``, the
 summary (``--json``: per scheme and length the seeds' values, their mean, sd and the
-Welch test against ``--against``; per scheme the steps to the criterion) and the tidy CSVs.
+test against ``--against``, every scheme at one length a family (``analysis.stats``); per
+scheme the steps to the criterion, and each scheme's place by them with its bootstrap
+interval, ``ranks``) and the tidy CSVs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--criterion", type=float, default=0.9,
                    help="the exact match at L the retrieval runs were trained to (figure and table labels)")
     p.add_argument("--against", default="none", help="the scheme every other is tested against at the longest length")
+    p.add_argument("--margin", type=float, default=0.1,
+                   help="two schemes' exact match is equivalent when it differs by less than this (a share)")
     p.add_argument("--cap", type=int, help="the step cap of the retrieval runs (default: the most steps a run trained)")
     p.add_argument("--json", required=True, help="the summary as JSON")
     p.add_argument("--reach", nargs="+", required=True, help="results/reach/<scheme>.csv files")
@@ -47,30 +51,41 @@ def main(argv: list[str] | None = None) -> int:
     from analysis import reach, retrieval
 
     schemes = study_schemes(a.params) if a.params else None
-    every = retrieval.read_csvs(list(per_scheme(a.results, schemes, "retrieval results").values()))
-    studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
-    runs = retrieval.per_run(every, retrieval.run_records(studies))
-    t = retrieval.summary(runs, a.against, a.cap)
-    chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
-    grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
     reach_rows = retrieval.read_csvs(list(per_scheme(a.reach, schemes, "attention reach").values()))
-    extrapolation = retrieval.read_csvs(list(per_scheme(
-        [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
-    written = retrieval.plot_grid(grids, f"{a.out_dir}/grid", [s for s, e in t.items() if e["marked"]])
-    written += retrieval.plot_curves(t, extrapolation, f"{a.out_dir}/curves")
-    criterion = f"exact match at L above {100 * a.criterion:g}%"
-    written += retrieval.plot_steps(t, f"{a.out_dir}/steps", criterion)
     summary = reach.summary(reach_rows.to_dict("records"))
-    written += retrieval.plot_reach(summary, f"{a.out_dir}/reach")
-    table, steps = retrieval.table_markdown(t), retrieval.steps_markdown(t, criterion)
+    written = retrieval.plot_reach(summary, f"{a.out_dir}/reach")
     reach_table = retrieval.reach_markdown(summary)
+    written.append(write_text(f"{a.md_dir}/reach_table.md", reach_table))
+    written.append(write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
+        index=False, lineterminator="\n")))
+    files = list(per_scheme(a.results, schemes, "retrieval results").values())
+    try:
+        every = retrieval.read_csvs(files)
+    except ValueError:  # a study without the retrieval task: its tables say so, no grid to draw
+        every = None
+    if every is None:
+        table = steps = "No scheme of this study has retrieval runs.\n"
+        t, ranks = {}, {}
+        written += [write_text(a.tidy, "")]
+    else:
+        studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
+        runs = retrieval.per_run(every, retrieval.run_records(studies))
+        t = retrieval.summary(runs, a.against, a.cap, a.margin)
+        ranks = retrieval.step_ranks(t)
+        chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
+        grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
+        extrapolation = retrieval.read_csvs(list(per_scheme(
+            [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
+        written += retrieval.plot_grid(grids, f"{a.out_dir}/grid", [s for s, e in t.items() if e["marked"]])
+        written += retrieval.plot_curves(t, extrapolation, f"{a.out_dir}/curves")
+        criterion = f"exact match at L above {100 * a.criterion:g}%"
+        written += retrieval.plot_steps(t, f"{a.out_dir}/steps", criterion)
+        table, steps = retrieval.table_markdown(t), retrieval.steps_markdown(t, criterion)
+        written.append(write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
+            index=False, lineterminator="\n")))
     written += [write_text(f"{a.md_dir}/retrieval_table.md", table), write_text(f"{a.md_dir}/retrieval_steps.md", steps),
-                write_text(f"{a.md_dir}/reach_table.md", reach_table),
-                write_json(a.json, {"criterion": a.criterion, "against": a.against, "schemes": t})]
-    written += [write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
-                    index=False, lineterminator="\n")),
-                write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
-                    index=False, lineterminator="\n"))]
+                write_json(a.json, {"criterion": a.criterion, "against": a.against, "margin": a.margin,
+                                    "ranks": ranks, "schemes": t})]
     print(table)
     print(steps)
     print(reach_table)

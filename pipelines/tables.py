@@ -1,10 +1,10 @@
-"""The study's tables: extrapolation and masked LM with their seed spread, a
-Welch t-test for "does <scheme> help?", and where the study's time went.
+"""The study's tables: extrapolation and masked LM with their seed spread, each scheme
+against a reference fixed in params.yaml before the data, and where the study's time went.
 
     python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv \
-        --params params.yaml --lm-question alibi \
+        --params params.yaml --lm-reference alibi --lm-margin 0.05 \
         --question fixed_bidirectional --against none sinusoidal learned shaw transformer_xl \
-        --out-dir results --md-dir figures
+        --mlm-reference none --mlm-margin 0.02 --out-dir results --md-dir figures
 
 Reads what ``pipelines.study`` writes (one ``results/runs/<scheme>.json`` per
 scheme, one extrapolation file per scheme). With ``--params``, only the study's
@@ -15,20 +15,21 @@ before anything is written. It writes, each as JSON and Markdown (for the
 README):
 
 * ``lm_table``: perplexity at every evaluation length, mean ± sample sd over
-  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged, with
-  the difference of each scheme's ratio to that of ``--lm-question`` and its
-  Welch test over seeds (does a scheme extrapolate better or worse than the
-  question scheme?);
-* ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, the
-  difference of accuracy to ``none`` with its Welch test, and the question
-  scheme against each scheme of ``--against`` and the best scheme;
+  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged; each
+  scheme's ratios against ``--lm-reference``'s as one family (``vs_reference``:
+  Welch on the log scale, equivalence within the factor 1 ± ``--lm-margin``, Holm over
+  the table), and each context-extension row (``rope+pi``) against its own scheme's
+  plain row, a family of its own (``vs_plain``);
+* ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, each scheme's
+  accuracy against ``--mlm-reference`` as one family (``vs_reference``), and the
+  question scheme against each scheme of ``--against`` as another (``tests``);
 * ``metrics/<scheme>.json``: the headline numbers of a scheme (``headline``), the
   pipeline's only metrics, so ``dvc metrics show`` prints one short row per scheme;
 * ``timing.json``: per study stage (and in total) the seconds of its runs per task
   (training plus evaluation, summed over the processes: core-seconds), its wall time, start-up, training and
   evaluation seconds (worker-seconds: with 2 workers, twice the wall time at most).
 
-The statistics (mean and sample sd, Welch's t-test) are ``analysis.stats``.
+The statistics (tests, families, words) are ``analysis.stats``.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ from pathlib import Path
 
 from posenc.files import write_json, write_text
 
-from analysis.stats import format_p, mean_sd, welch
+from analysis.stats import against as tested_against
+from analysis.stats import compare, comparison_cells, family, mean_sd
 
 from .gather import check_provenance, per_scheme, study_schemes
 
 
 # ------------------------------------------------------------------ length extrapolation
 def lm_table(paths: list[str | Path]) -> dict:
-    """Per scheme: ppl mean/sd/n at every evaluation length, and the 16L/L ratio over seeds."""
+    """Per scheme: ppl mean/sd/n and the per-seed values (seed order) at every evaluation length,
+    and the ratio ppl(longest) / ppl(L) per seed."""
     from posenc.evaluate import read_results
 
     df = read_results(paths)
@@ -59,9 +62,9 @@ def lm_table(paths: list[str | Path]) -> dict:
         train_len = int(sub["train_len"].iloc[0])
         lengths = {}
         for length, g in sub.groupby("eval_len"):
-            vals = [float(v) for v in g["ppl"] if math.isfinite(v)]
+            vals = [float(v) for v in g.sort_values("seed")["ppl"] if math.isfinite(v)]
             m, sd = mean_sd(vals) if vals else (None, None)
-            lengths[int(length)] = {"mean": m, "sd": sd, "n": len(vals)}
+            lengths[int(length)] = {"mean": m, "sd": sd, "n": len(vals), "values": vals}
         top = max(lengths)
         ratios = []
         for _, g in sub.groupby("seed"):
@@ -75,19 +78,33 @@ def lm_table(paths: list[str | Path]) -> dict:
     return out
 
 
-def compare_ratios(table: dict, question: str | None) -> dict:
-    """Each scheme's ratio ppl(longest) / ppl(L) minus that of ``question``, Welch-tested
-    over seeds (``vs_question`` in each entry; the question's own entry has none).
-    Schemes evaluated to another longest length are not compared."""
-    table = {s: {k: v for k, v in e.items() if k != "vs_question"} for s, e in table.items()}
-    q = table.get(question) if question else None
-    if q is None or not q["ratio_longest"]["values"]:
-        return table
-    for s, e in table.items():
-        r = e["ratio_longest"]
-        if s != question and r["values"] and r["longest"] == q["ratio_longest"]["longest"] \
-                and e["train_len"] == q["train_len"]:
-            e["vs_question"] = {"question": question, **welch(r["values"], q["ratio_longest"]["values"])}
+def plain_scheme(name: str) -> str:
+    """The scheme a row was trained as: ``rope`` for ``rope+pi`` and ``rope+pi+ft4L``."""
+    return name.split("+")[0]
+
+
+def compare_ratios(table: dict, reference: str | None, margin: float | None = None) -> dict:
+    """Each scheme's ratios ppl(longest) / ppl(L) against ``reference``'s, one family
+    (``vs_reference``), and each context-extension row against its plain scheme's, another
+    (``vs_plain``); both on the log scale, lower is better (``analysis.stats``). Only rows of
+    the same L and longest length as the one they are compared with take part."""
+    table = {s: {k: v for k, v in e.items() if k not in ("vs_reference", "vs_plain")} for s, e in table.items()}
+
+    def like(s: str, other: str) -> bool:
+        a, b = table[s], table.get(other)
+        return bool(b and a["ratio_longest"]["values"] and b["ratio_longest"]["values"]
+                    and a["ratio_longest"]["longest"] == b["ratio_longest"]["longest"]
+                    and a["train_len"] == b["train_len"])
+
+    values = {s: e["ratio_longest"]["values"] for s, e in table.items()}
+    if reference in table and values[reference]:
+        plain = {s: values[s] for s in table if "+" not in s and (s == reference or like(s, reference))}
+        for s, t in tested_against(plain, reference, "log", margin, higher_is_better=False).items():
+            table[s]["vs_reference"] = t
+    rules = {s: compare(values[s], values[plain_scheme(s)], "log", margin) | {"against": plain_scheme(s)}
+             for s in table if "+" in s and like(s, plain_scheme(s))}
+    for s, t in family(rules, higher_is_better=False).items():
+        table[s]["vs_plain"] = t
     return table
 
 
@@ -97,15 +114,18 @@ def at_length(entry: dict, length: int) -> dict:
     return entry["lengths"].get(length) or entry["lengths"].get(str(length)) or {}
 
 
-def lm_markdown(table: dict, question: str | None = None) -> str:
+TEST_HEAD = ["p", "Holm p", "verdict"]
+
+
+def lm_markdown(table: dict, reference: str | None = None) -> str:
     lengths = sorted({int(k) for e in table.values() for k in e["lengths"]})
     L = min(e["train_len"] for e in table.values())
     head = " | ".join(f"{t} ({t // L}L)" if t % L == 0 else str(t) for t in lengths)
-    compared = question is not None and any("vs_question" in e for e in table.values())
+    compared = reference is not None and any("vs_reference" in e for e in table.values())
     ratio = f"ppl({lengths[-1] // L}L) / ppl(L)"
-    extra = f" {ratio} − `{question}` (95% CI) | Welch p |" if compared else ""
+    extra = f" ratio ÷ `{reference}`'s (95% CI) | {' | '.join(TEST_HEAD)} |" if compared else ""
     lines = [f"| scheme | {head} | {ratio} | seeds |{extra}",
-             "| --- |" + " ---: |" * (len(lengths) + 2 + 2 * compared)]
+             "| --- |" + " ---: |" * (len(lengths) + 2) + " ---: | ---: | ---: | --- |" * compared]
     order = sorted(table, key=lambda s: (table[s]["ratio_longest"]["mean"] is None,
                                          table[s]["ratio_longest"]["mean"] or 0))
     for s in order:
@@ -118,16 +138,22 @@ def lm_markdown(table: dict, question: str | None = None) -> str:
         ratio = "—" if r["mean"] is None else f"{r['mean']:.2f} ± {r['sd']:.2f}"
         row = f"| `{s}` | {' | '.join(cells)} | {ratio} | {len(e['seeds'])} |"
         if compared:
-            w = e.get("vs_question")
-            ci = "" if not w or not w.get("ci") else f" ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f})"
-            row += " — | — |" if not w else f" {w['diff']:+.2f}{ci} | {format_p(w['p'])} |"
+            row += " " + " | ".join(comparison_cells(e.get("vs_reference"))) + " |"
         lines.append(row)
+    rules = {s: e["vs_plain"] for s, e in table.items() if "vs_plain" in e}
+    if rules:
+        lines += ["", "Context-extension rows against their own scheme's plain row (a family of their own):", "",
+                  f"| row | against | ratio ÷ the plain row's (95% CI) | {' | '.join(TEST_HEAD)} |",
+                  "| --- | --- | ---: | ---: | ---: | --- |"]
+        lines += [f"| `{s}` | `{t['against']}` | " + " | ".join(comparison_cells(t)) + " |"
+                  for s, t in sorted(rules.items())]
     return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ masked LM
 def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
-    """{scheme: its runs} of the bidirectional task (``posenc.tasks``: the masked LM)."""
+    """{scheme: its runs} of the bidirectional task (``posenc.tasks``: the masked LM); {} for a
+    study without it."""
     from posenc.tasks import load
 
     runs = defaultdict(list)
@@ -135,58 +161,59 @@ def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
         for r in json.loads(Path(f).read_text())["runs"]:
             if not load(r["task"]).causal:
                 runs[r["scheme"]].append(r)
-    if not runs:
-        raise SystemExit("no masked-LM runs in " + " ".join(map(str, run_files)))
     return runs
 
 
-def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], baseline: str = "none") -> dict:
+def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], reference: str = "none",
+              margin: float | None = None) -> dict:
+    """Per scheme its seeds, steps and the accuracy and perplexity over its masked bytes;
+    every scheme's accuracy against ``reference``'s, one family (``vs_reference`` in each
+    entry), and the question's against each scheme of ``against``, another (``tests``),
+    in points with the equivalence margin ``margin`` (``analysis.stats``)."""
     summary = {}
     for scheme, rs in runs.items():
         acc, ppl = [r["val/acc"] for r in rs], [r["val/ppl"] for r in rs]
         (am, asd), (pm, psd) = mean_sd(acc), mean_sd(ppl)
         summary[scheme] = {"seeds": sorted(r["seed"] for r in rs), "n": len(rs), "steps": rs[0].get("global_step"),
                            "acc_mean": am, "acc_sd": asd, "ppl_mean": pm, "ppl_sd": psd, "acc": acc, "ppl": ppl}
-    if baseline in summary:
-        for scheme, e in summary.items():
-            if scheme != baseline:
-                e["vs_" + baseline] = welch(e["acc"], summary[baseline]["acc"])
+    acc = {s: e["acc"] for s, e in summary.items()}
+    for scheme, t in tested_against(acc, reference, "points", margin).items():
+        summary[scheme]["vs_reference"] = t
     tests, note = {}, None
-    if question not in summary:
+    if not summary:
+        note = "this study has no masked-LM runs"
+    elif question not in summary:
         note = (f"`{question}` has no masked-LM runs (causal only, or not in the study): the question cannot be "
                 "asked of this table; put a scheme that allows bidirectional attention in mlm_table.question")
     else:
-        best = max((s for s in summary if s != question), key=lambda s: summary[s]["acc_mean"], default=None)
-        for other in [*against, best]:
-            if other in summary and other != question and other not in tests:
-                tests[other] = {**welch(summary[question]["acc"], summary[other]["acc"]),
-                                "best": other == best}
-    return {"metric": "masked-token accuracy on the validation split", "baseline": baseline,
+        asked = {o: compare(acc[question], acc[o], "points", margin) | {"against": o}
+                 for o in dict.fromkeys(against) if o in acc and o != question}
+        tests = family(asked)
+    return {"metric": "masked-token accuracy on the validation split", "reference": reference, "margin": margin,
             "question": question, "tests": tests, "note": note, "summary": summary}
 
 
 def mlm_markdown(t: dict) -> str:
-    base = t["baseline"]
-    lines = [f"| scheme | accuracy | masked-token perplexity | seeds | accuracy − `{base}` (95% CI) | Welch p |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    if not t["summary"]:
+        return f"{t['note'][0].upper()}{t['note'][1:]}.\n"
+    ref = t["reference"]
+    lines = [f"| scheme | accuracy | masked-token perplexity | seeds | accuracy − `{ref}`'s (95% CI) | "
+             f"{' | '.join(TEST_HEAD)} |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s, e in sorted(t["summary"].items(), key=lambda kv: -kv[1]["acc_mean"]):
-        w = e.get("vs_" + base)
-        ci = "" if not w or not w.get("ci") else f" ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f})"
-        vs = "—" if not w else f"{100 * w['diff']:+.1f} pt{ci}"
         lines.append(f"| `{s}` | {100 * e['acc_mean']:.1f}% ± {100 * e['acc_sd']:.1f} | {e['ppl_mean']:.2f} ± "
-                     f"{e['ppl_sd']:.2f} | {e['n']} | {vs} | {format_p(w['p']) if w else '—'} |")
+                     f"{e['ppl_sd']:.2f} | {e['n']} | " + " | ".join(comparison_cells(e.get("vs_reference"))) + " |")
     q = t["question"]
     if t.get("note"):
         lines += ["", f"Does `{q}` help? {t['note']}."]
     if t["tests"]:
-        lines += ["", f"Does `{q}` help? Accuracy of `{q}` minus that of each scheme (Welch t-test, two-sided):", "",
-                  "| against | difference (95% CI) | t | df | p |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += ["", f"Does `{q}` help? Its accuracy against each scheme named before the data (a family of its own):",
+                  "", f"| against | difference (95% CI) | t | df | {' | '.join(TEST_HEAD)} |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for other, w in t["tests"].items():
-            ci = "—" if not w.get("ci") else f"({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f})"
-            name = f"`{other}`" + (" (best other scheme)" if w.get("best") else "")
+            diff, *rest = comparison_cells(w)
             tt = "—" if w["t"] is None else f"{w['t']:+.2f}"
             df = "—" if w["df"] is None else f"{w['df']:.1f}"
-            lines.append(f"| {name} | {100 * w['diff']:+.1f} pt {ci} | {tt} | {df} | {format_p(w['p'])} |")
+            lines.append(f"| `{other}` | {diff} | {tt} | {df} | {' | '.join(rest)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -229,10 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("runs", nargs="+", help="results/runs/<scheme>.json files of pipelines.study")
     p.add_argument("--extrapolation", nargs="+", required=True, help="extrapolation results files (<scheme>.csv)")
     p.add_argument("--params", help="the study's params file: read its schemes only, report missing ones")
-    p.add_argument("--lm-question", default="alibi",
+    p.add_argument("--lm-reference", default="alibi",
                    help="the scheme every other scheme's ppl(longest)/ppl(L) is compared with")
+    p.add_argument("--lm-margin", type=float, default=0.05,
+                   help="two ratios are equivalent when they differ by a factor within 1 ± this")
     p.add_argument("--question", default="fixed_bidirectional", help="masked LM: the scheme whose help is tested")
-    p.add_argument("--against", nargs="*", default=["none", "sinusoidal", "learned", "shaw", "transformer_xl"])
+    p.add_argument("--against", nargs="*", default=["none", "sinusoidal", "learned", "shaw", "transformer_xl"],
+                   help="masked LM: the schemes the question is tested against")
+    p.add_argument("--mlm-reference", default="none", help="masked LM: the scheme every other is compared with")
+    p.add_argument("--mlm-margin", type=float, default=0.02,
+                   help="masked LM: two accuracies are equivalent when they differ by less than this")
     p.add_argument("--out-dir", default="results")
     p.add_argument("--md-dir", default="figures")
     a = p.parse_args(argv)
@@ -241,13 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     runs = per_scheme(a.runs, schemes, "runs")
     check_provenance(runs)
     extrapolation = per_scheme(a.extrapolation, schemes, "extrapolation results")
-    lm = compare_ratios(lm_table(list(extrapolation.values())), a.lm_question)
-    if a.lm_question not in lm:
-        print(f"note: --lm-question {a.lm_question} has no extrapolation results: no comparison column",
+    lm = compare_ratios(lm_table(list(extrapolation.values())), a.lm_reference, a.lm_margin)
+    if a.lm_reference not in lm:
+        print(f"note: --lm-reference {a.lm_reference} has no extrapolation results: no comparison column",
               file=sys.stderr)
     write_json(out / "lm_table.json", lm)
-    write_text(md / "lm_table.md", lm_markdown(lm, a.lm_question))
-    mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against)
+    write_text(md / "lm_table.md", lm_markdown(lm, a.lm_reference))
+    mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against, a.mlm_reference, a.mlm_margin)
     if mlm["note"]:
         print(f"note: --question {mlm['note']}", file=sys.stderr)
     write_json(out / "mlm_table.json", mlm)
@@ -255,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "timing.json", timing(list(runs.values())))
     for scheme, row in headline(lm, mlm).items():  # one file per scheme: one row each in `dvc metrics show`
         write_json(out / "metrics" / f"{scheme}.json", row)
-    print(lm_markdown(lm, a.lm_question))
+    print(lm_markdown(lm, a.lm_reference))
     print(mlm_markdown(mlm))
 
 

@@ -387,9 +387,10 @@ def test_the_retrieval_summary_keeps_the_runs_that_reached_the_criterion_and_tes
     """pipelines.retrieval_summary on hand-made files (``_summary_inputs``): a run's exact
     match at a length is the mean over depths; a scheme's is the mean and sample sd over
     the seeds that reached the criterion, or over all seeds, marked, when none did; the
-    interval pools the trials of those runs; the longest length is Welch-tested against
-    NoPE across seeds; the steps table gives each seed's steps or the cap."""
-    from analysis.stats import mean_sd, welch
+    interval pools the trials of those runs; every length is one family of tests against
+    NoPE across seeds (Welch in points, Holm); the steps table gives each seed's steps or the
+    cap and each scheme's place with its bootstrap interval."""
+    from analysis.stats import compare, family, mean_sd
     from pipelines import retrieval_summary
 
     f = _summary_inputs(tmp_path)
@@ -410,9 +411,9 @@ def test_the_retrieval_summary_keeps_the_runs_that_reached_the_criterion_and_tes
     assert (a2["mean"], a2["sd"]) == pytest.approx(mean_sd([0.9, 0.7]))
     assert (a2["lo"], a2["hi"]) == pytest.approx(rt.wilson(round(0.9 * 200) + round(0.7 * 200), 400))
     assert a2["digit_acc"] == pytest.approx(0.55) and a2["needle_attention"] == pytest.approx(0.5)
-    w = welch([0.9, 0.7], none2)
+    w = family({"alibi": compare([0.9, 0.7], none2, "points", 0.1)})["alibi"]  # alone at 2L: a family of one
     assert a2["vs"]["against"] == "none" and a2["vs"]["p"] == pytest.approx(w["p"])
-    assert a2["vs"]["diff"] == pytest.approx(w["diff"])
+    assert a2["vs"]["diff"] == pytest.approx(w["diff"]) and a2["vs"]["m"] == 1 and a2["vs"]["margin"] == 0.1
     assert t["learned"]["marked"] and t["learned"]["reached"] == []
     assert t["learned"]["lengths"]["1"]["values"] == pytest.approx([0.6, 0.5, 0.4])
     assert list(t["learned"]["lengths"]) == ["1"]  # no trials past L
@@ -420,15 +421,17 @@ def test_the_retrieval_summary_keeps_the_runs_that_reached_the_criterion_and_tes
     alibi = next(line for line in table if line.startswith("| `alibi`")).split(" | ")
     lo, hi = rt.wilson(320, 400)  # 0.9 and 0.7 of 200 trials each
     assert alibi[1:4] == ["100 ± 0", "80 ± 14", f"[99, 100], [{100 * lo:.0f}, {100 * hi:.0f}]"]
-    assert alibi[6] == "2 of 3" and alibi[7].startswith(f"{100 * w['diff']:+.0f} (")
+    assert alibi[6] == "2 of 3" and alibi[7].startswith(f"{100 * w['diff']:+.1f} pt (")
     learned = next(line for line in table if line.startswith("| `learned` †")).split(" | ")
     assert learned[1:3] == ["50 ± 10", "n/a"] and learned[6] == "0 of 3 (marked)"
     assert any(line.startswith("† no run of this scheme reached the criterion") for line in table)
     steps = (tmp_path / "retrieval_steps.md").read_text().splitlines()
     rows = [line for line in steps if line.startswith("| `")]
     assert [r.split(" | ")[0] for r in rows] == ["| `alibi`", "| `none`", "| `learned`"]  # fastest first
-    assert rows[0] == "| `alibi` | s0: 900, s1: 1100, s2: cap (4000) | 1000 ± 141 | 2 of 3 |"
-    assert rows[2] == "| `learned` | s0: cap (4000), s1: cap (4000), s2: cap (4000) | — | 0 of 3 |"
+    assert rows[0] == "| `alibi` | s0: 900, s1: 1100, s2: cap (4000) | 1000 ± 141 | 2 of 3 | 1 (1–1) |"
+    assert rows[2] == "| `learned` | s0: cap (4000), s1: cap (4000), s2: cap (4000) | — | 0 of 3 | — |"
+    ranks = json.loads((tmp_path / "summary.json").read_text())["ranks"]
+    assert list(ranks) == ["alibi", "none"] and ranks["alibi"]["place"] == 1
     reach_table = (tmp_path / "reach_table.md").read_text()
     # distance: mean over seeds (0, 1), layers (0, 1), heads (0, 1) of 1 + s + l + h = 2.5
     assert "| `none` | 2.5 | 2.5 | 0.50 | 1.00 |" in reach_table and "| `xpos` | 2.5 |" in reach_table
@@ -869,20 +872,23 @@ def _per_run_frame():
 def test_summary_of_a_single_seed_and_what_is_tested_against_what():
     """``summary``: a scheme of a single seed has its length, sd 0 and an untested
     comparison; the reference scheme ("none" by default) is not tested against itself,
-    and a length the reference lacks carries no test; without a reference, nothing is
-    tested."""
+    and a length the reference lacks carries no test; every length is one family (Holm
+    over its schemes); without a reference, nothing is tested."""
     from analysis import retrieval as summary
-    from analysis.stats import welch
+    from analysis.stats import compare, family
 
     t = summary.summary(_per_run_frame())
     one = t["rope"]["lengths"][1]
+    vs = one.pop("vs")
     assert one == {"length": 8, "mean": 1.0, "sd": 0.0, "n": 1, "values": [1.0], "lo": rt.wilson(40, 40)[0],
-                   "hi": rt.wilson(40, 40)[1], "digit_acc": pytest.approx(0.4), "needle_attention": pytest.approx(0.2),
-                   "vs": {"against": "none", **welch([1.0], [0.5, 0.7])}}
+                   "hi": rt.wilson(40, 40)[1], "digit_acc": pytest.approx(0.4), "needle_attention": pytest.approx(0.2)}
+    assert vs["against"] == "none" and vs["word"] == "untested against" and vs["diff"] == pytest.approx(0.4)
     assert t["rope"]["seeds"] == [3] and t["alibi"]["seeds"] == [0, 1]
     assert all("vs" not in c for c in t["none"]["lengths"].values())
     assert "vs" not in t["alibi"]["lengths"][2] and t["alibi"]["lengths"][2]["length"] == 16
-    assert t["alibi"]["lengths"][1]["vs"]["p"] == pytest.approx(welch([0.9, 0.8], [0.5, 0.7])["p"])
+    at_l = family({"alibi": compare([0.9, 0.8], [0.5, 0.7]), "rope": compare([1.0], [0.5, 0.7])})
+    assert t["alibi"]["lengths"][1]["vs"]["p"] == pytest.approx(at_l["alibi"]["p"])
+    assert t["alibi"]["lengths"][1]["vs"]["m"] == 1  # rope's one seed has no test: the family holds one
     plain = summary.summary(_per_run_frame(), against=None)
     assert not any("vs" in c for e in plain.values() for c in e["lengths"].values())
 
@@ -899,35 +905,39 @@ def _entry(seeds, reached, lengths, marked=False):
 def test_the_retrieval_table_by_hand():
     """``table_markdown`` of a summary written by hand: a column per length (L, 2L, 4L),
     the pooled interval and the digits at L and at the longest length, the seeds that
-    reached the criterion, and the longest length against the reference with its 95% CI
-    and p; a scheme of one seed shows its value alone (no spread), and its untested
-    comparison the difference alone; a scheme without the longest length gets dashes; a
-    marked scheme its dagger and the footnote."""
+    reached the criterion, and the longest length against the reference with its cells
+    (``analysis.stats.comparison_cells``: difference and interval, raw and Holm p, verdict);
+    a scheme of one seed shows its value alone (no spread), its untested comparison the
+    difference alone; a scheme without the longest length gets dashes; a marked scheme its
+    dagger and the footnote."""
     from analysis.retrieval import table_markdown
+    from analysis.stats import comparison_cells, compare, family
 
-    vs = {"against": "none", "diff": 0.25, "ci": [0.1, 0.4], "p": 0.0123}
-    untested = {"against": "none", "diff": -0.1, "t": None, "df": None, "p": None, "ci": None}
+    fam = family({"alibi": compare([0.3, 0.45, 0.6], [0.15, 0.2, 0.25], "points", 0.1) | {"against": "none"},
+                  "one": compare([0.1], [0.15, 0.2, 0.25], "points", 0.1) | {"against": "none"}})
     t = {
         "none": _entry([0, 1, 2], [0, 1, 2], {1: (1.0, 0.0, 0.953, 1.0, 1.0), 2: (0.6, 0.1, 0.5, 0.7, 0.8),
                                                4: (0.2, 0.05, 0.15, 0.26, 0.42)}),
         "alibi": _entry([0, 1, 2], [0, 2], {1: (0.9, 0.1, 0.85, 0.94, 0.97), 2: (0.8, 0.2, 0.7, 0.9, 0.9),
-                                             4: (0.45, 0.15, 0.38, 0.52, 0.7, vs)}),
-        "learned": _entry([0, 1], [], {1: (0.5, 0.1, 0.4, 0.6, 0.6, vs)}, marked=True),
+                                             4: (0.45, 0.15, 0.38, 0.52, 0.7, fam["alibi"])}),
+        "learned": _entry([0, 1], [], {1: (0.5, 0.1, 0.4, 0.6, 0.6, fam["alibi"])}, marked=True),
         "one": _entry([0], [0], {1: (1.0, 0.0, 0.9, 1.0, 1.0), 2: (0.7, 0.0, 0.6, 0.8, 0.8),
-                                 4: (0.1, 0.0, 0.03, 0.25, 0.3, untested)}),
+                                 4: (0.1, 0.0, 0.03, 0.25, 0.3, fam["one"])}),
     }
+    cells = lambda s: " | ".join(comparison_cells(fam[s]))  # noqa: E731
     assert table_markdown(t) == "\n".join([
         "| scheme | L | 2L | 4L | trials' 95% interval at L, 4L | digits at L | digits at 4L | seeds reached "
-        "| 4L − `none` (95% CI) | Welch p |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        "| `none` | 100 ± 0 | 60 ± 10 | 20 ± 5 | [95, 100], [15, 26] | 100 | 42 | 3 of 3 | — | — |",
-        "| `alibi` | 90 ± 10 | 80 ± 20 | 45 ± 15 | [85, 94], [38, 52] | 97 | 70 | 2 of 3 | +25 (+10, +40) | 0.012 |",
-        "| `learned` † | 50 ± 10 | n/a | n/a | [40, 60], n/a | 60 | n/a | 0 of 2 (marked) | — | — |",
-        "| `one` | 100 | 70 | 10 | [90, 100], [3, 25] | 100 | 30 | 1 of 1 | -10 | — |",
+        "| 4L − `none`'s (95% CI) | p | Holm p | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| `none` | 100 ± 0 | 60 ± 10 | 20 ± 5 | [95, 100], [15, 26] | 100 | 42 | 3 of 3 | — | — | — | — |",
+        f"| `alibi` | 90 ± 10 | 80 ± 20 | 45 ± 15 | [85, 94], [38, 52] | 97 | 70 | 2 of 3 | {cells('alibi')} |",
+        "| `learned` † | 50 ± 10 | n/a | n/a | [40, 60], n/a | 60 | n/a | 0 of 2 (marked) | — | — | — | — |",
+        f"| `one` | 100 | 70 | 10 | [90, 100], [3, 25] | 100 | 30 | 1 of 1 | {cells('one')} |",
         "",
         "† no run of this scheme reached the criterion by the cap: its numbers are over every run, and they mix "
         "learning speed with length.",
     ]) + "\n"
+    assert cells("one") == "-10.0 pt | — | — | —"
     # no comparison and no marked scheme: neither the test's columns nor the footnote
     plain = {"none": _entry([0], [0], {1: (0.5, 0.0, 0.3, 0.7, 0.6), 2: (0.25, 0.0, 0.1, 0.4, 0.5)})}
     assert table_markdown(plain) == "\n".join([
@@ -941,8 +951,9 @@ def test_the_steps_table_by_hand():
     """``steps_markdown``: fastest mean over the seeds that reached the criterion first
     (not the smallest spread), then the schemes none of whose seeds did, in the order
     given; one seed that reached it is shown alone; a rule's or a fine-tune's entry (a
-    name with "+") is left out, as it shares its run's steps."""
-    from analysis.retrieval import steps_markdown
+    name with "+") is left out, as it shares its run's steps; each scheme's place with its
+    bootstrap interval (``analysis.stats.rank_intervals``), a dash where no seed reached it."""
+    from analysis.retrieval import step_ranks, steps_markdown
 
     def e(steps, cap=4000):
         return {"steps": steps, "reached": [s for s, v in steps.items() if v is not None], "cap": cap}
@@ -950,17 +961,22 @@ def test_the_steps_table_by_hand():
     t = {"none": e({0: 2600, 1: 2400, 2: 2800}), "alibi": e({0: 900, 1: 3000, 2: None}),
          "rope+yarn": e({0: 10}), "learned": e({0: None, 1: None}), "fire": e({0: 1200, 1: 1300}),
          "xpos": e({0: None}, cap=3000), "t5_bias": e({0: 700, 1: None})}
+    r = step_ranks(t)
+    assert list(r) == ["t5_bias", "fire", "alibi", "none"] and r["t5_bias"] == {"place": 1, "lo": 1, "hi": 1,
+                                                                              "mean": 700.0}
+    place = lambda s: f"{r[s]['place']} ({r[s]['lo']}–{r[s]['hi']})"  # noqa: E731
     assert steps_markdown(t, "exact match ≥ 90%") == "\n".join([
-        "Steps to the criterion (exact match ≥ 90%), validated every so many steps; \"cap\": not reached by the cap.",
+        "Steps to the criterion (exact match ≥ 90%), validated every so many steps; \"cap\": not reached by the cap. "
+        "The place is by the mean (1: the fastest), with its 95% bootstrap interval over seeds.",
         "",
-        "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached |",
-        "| --- | --- | ---: | ---: |",
-        "| `t5_bias` | s0: 700, s1: cap (4000) | 700 (one seed) | 1 of 2 |",
-        "| `fire` | s0: 1200, s1: 1300 | 1250 ± 71 | 2 of 2 |",
-        "| `alibi` | s0: 900, s1: 3000, s2: cap (4000) | 1950 ± 1485 | 2 of 3 |",
-        "| `none` | s0: 2600, s1: 2400, s2: 2800 | 2600 ± 200 | 3 of 3 |",
-        "| `learned` | s0: cap (4000), s1: cap (4000) | — | 0 of 2 |",
-        "| `xpos` | s0: cap (3000) | — | 0 of 1 |",
+        "| scheme | steps per seed | mean ± sd (seeds that reached it) | reached | place (95% interval) |",
+        "| --- | --- | ---: | ---: | ---: |",
+        f"| `t5_bias` | s0: 700, s1: cap (4000) | 700 (one seed) | 1 of 2 | {place('t5_bias')} |",
+        f"| `fire` | s0: 1200, s1: 1300 | 1250 ± 71 | 2 of 2 | {place('fire')} |",
+        f"| `alibi` | s0: 900, s1: 3000, s2: cap (4000) | 1950 ± 1485 | 2 of 3 | {place('alibi')} |",
+        f"| `none` | s0: 2600, s1: 2400, s2: 2800 | 2600 ± 200 | 3 of 3 | {place('none')} |",
+        "| `learned` | s0: cap (4000), s1: cap (4000) | — | 0 of 2 | — |",
+        "| `xpos` | s0: cap (3000) | — | 0 of 1 | — |",
     ]) + "\n"
 
 

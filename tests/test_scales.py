@@ -88,60 +88,61 @@ def test_samples_read_every_table_from_results_shaped_like_the_studys():
 
 
 # ------------------------------------------------------------------ the report's "Across scales"
-def test_a_finding_holds_only_when_both_tests_give_the_same_word():
-    from pipelines.report import compare, holds
+def _t(word, diff=0.5, scale="points"):
+    return {"word": word, "diff": diff, "scale": scale}
 
-    apart, level = compare([1.0, 1.1, 0.9], [2.0, 2.1, 1.9]), compare([1.0, 1.5, 0.5], [1.1, 1.6, 0.6])
-    assert (apart.word, level.word) == ("behind", "level with")
-    assert holds(apart, apart) == "holds" and holds(level, level) == "holds"
-    assert holds(apart, level, ("default", "scale")) == "apart in default only"
-    assert holds(level, apart, ("default", "scale")) == "apart in scale only"
-    assert holds(apart, compare([2.0, 2.1, 1.9], [1.0, 1.1, 0.9])) == "reversed"
-    one_seed_same, one_seed_other = compare([1.0], [2.0]), compare([2.0], [1.0])
-    assert holds(apart, one_seed_same) == "same direction, untested"
-    assert holds(apart, one_seed_other) == "other direction, untested"
-    assert holds(level, one_seed_same) == "untested"
+
+def test_a_finding_holds_only_when_both_tests_give_the_same_word():
+    from analysis.stats import AHEAD, BEHIND, EQUIVALENT, UNDECIDED, UNTESTED
+
+    names = ("default", "scale")
+    assert scales.holds(_t(BEHIND), _t(BEHIND)) == "holds" and scales.holds(_t(EQUIVALENT), _t(EQUIVALENT)) == "holds"
+    assert scales.holds(_t(UNDECIDED), _t(UNDECIDED)) == "undecided at both"
+    assert scales.holds(_t(AHEAD), _t(BEHIND)) == "reversed"
+    assert scales.holds(_t(BEHIND), _t(EQUIVALENT), names) == "decided in default, equivalent in scale"
+    assert scales.holds(_t(EQUIVALENT), _t(AHEAD), names) == "decided in scale, equivalent in default"
+    assert scales.holds(_t(BEHIND), _t(UNDECIDED), names) == "decided in default only"
+    assert scales.holds(_t(UNDECIDED), _t(EQUIVALENT), names) == "equivalent in scale only"
+    assert scales.holds(_t(BEHIND, 1.5, "log"), _t(UNTESTED, 1.2, "log")) == "same direction, untested"
+    assert scales.holds(_t(BEHIND, 1.5, "log"), _t(UNTESTED, 0.8, "log")) == "other direction, untested"
+    assert scales.holds(_t(UNDECIDED), _t(UNTESTED)) == "untested"
+    assert scales.depends_on_scale("reversed") and scales.depends_on_scale("decided in a, equivalent in b")
+    assert not scales.depends_on_scale("decided in a only") and not scales.depends_on_scale("holds")
 
 
 class _Study:
-    """What ``scale_findings`` reads of a study, without files."""
+    """What ``scales.findings`` reads of a study, without files: tables as the stages write them."""
 
-    def __init__(self, ratios: dict, acc: dict, exact4: dict, seeds: int):
-        self.params = {"lm_table": {"question": "alibi"}}
-        self.name = "a" if seeds > 1 else "b"
-        self.top = 16
-        self.lm = {s: {"ratio_longest": {"mean": sum(v) / len(v), "values": v}} for s, v in ratios.items()}
-        self.mlm = {"question": "fb", "tests": {"none": {}}, "summary": {s: {"acc": v} for s, v in acc.items()}}
-        self.retrieval = {"against": "none", "schemes": {s: {"lengths": {"4": {"values": v}}} for s, v in exact4.items()}}
+    def __init__(self, name: str, ratios: dict, acc: dict, exact4: dict):
+        from analysis.stats import against, compare, family
+
+        self.name, self.top = name, 16
+        lm = {s: {"ratio_longest": {"values": v}} for s, v in ratios.items()}
+        for s, t in against(ratios, "alibi", "log", 0.05, higher_is_better=False).items():
+            lm[s]["vs_reference"] = t
+        self.lm = lm
+        self.mlm = {"question": "fb", "tests": family({o: compare(acc["fb"], v, "points", 0.02) | {"against": o}
+                                                       for o, v in acc.items() if o != "fb"})}
+        self.retrieval = {"schemes": {s: {"lengths": {"4": {"values": v}}} for s, v in exact4.items()}}
+        for s, t in against(exact4, "none", "points", 0.1).items():
+            self.retrieval["schemes"][s]["lengths"]["4"]["vs"] = t
 
 
-def test_scale_findings_make_each_stated_comparison_again_at_the_other_scale():
-    from pipelines.report import scale_findings
+def test_findings_pair_each_stated_comparison_with_the_other_studys_own_test():
+    from analysis.stats import BEHIND, EQUIVALENT, UNTESTED
 
-    a = _Study({"alibi": [1.0, 1.01, 0.99], "rope": [3.0, 3.1, 2.9], "sinusoidal": [5.0, 5.2, 4.8]},
+    a = _Study("a", {"alibi": [1.0, 1.01, 0.99, 1.0], "rope": [3.0, 3.1, 2.9, 3.05], "kerple": [1.0, 1.005, 0.995, 1.0]},
                {"fb": [0.4, 0.41, 0.39], "none": [0.2, 0.21, 0.19]},
-               {"none": [0.9, 0.95, 0.85], "rope": [0.0, 0.05, 0.0]}, 3)
-    b = _Study({"alibi": [1.0, 1.01, 0.99], "rope": [1.0, 1.02, 0.98], "sinusoidal": [5.0, 5.2, 4.8]},
+               {"none": [0.9, 0.95, 0.85], "rope": [0.0, 0.05, 0.0]})
+    b = _Study("b", {"alibi": [1.0, 1.01, 0.99, 1.0], "rope": [1.0, 1.004, 0.998, 1.002], "kerple": [1.0, 1.01, 0.99, 1.0]},
                {"fb": [0.4, 0.41, 0.39], "none": [0.2, 0.21, 0.19]},
-               {"none": [0.9], "rope": [0.1]}, 1)
-    rows = {r["finding"]: r for r in scale_findings(a, b)}
+               {"none": [0.9], "rope": [0.1]})
+    rows = {r["finding"]: r for r in scales.findings(a, b)}
     rope = rows["LM: `rope`'s ppl(16L) / ppl(L) against `alibi`'s"]
-    assert rope["a"].startswith("behind") and rope["b"].startswith("level with")
-    assert rope["verdict"] == "apart in a only"
-    assert rows["LM: `sinusoidal`'s ppl(16L) / ppl(L) against `alibi`'s"]["verdict"] == "holds"
-    assert rows["LM: RoPE's ratio against sinusoidal's (Press et al.: RoPE degrades less)"]["verdict"] == "holds"
+    assert rope["a"]["word"] == BEHIND and rope["b"]["word"] == EQUIVALENT
+    assert rope["verdict"] == "decided in a, equivalent in b" and scales.depends_on_scale(rope["verdict"])
+    assert rows["LM: `kerple`'s ppl(16L) / ppl(L) against `alibi`'s"]["verdict"] == "holds"
     assert rows["MLM: `fb`'s accuracy against `none`'s"]["verdict"] == "holds"
     retrieval = rows["retrieval: `rope`'s exact match at 4L against `none`'s"]
-    assert retrieval["b"].startswith("untested (-80 points") and retrieval["verdict"] == "same direction, untested"
-    assert len(rows) == 5
-
-
-def test_the_fastest_to_the_criterion_are_all_that_tie_and_the_range_at_a_length():
-    from pipelines.report import exact_range, fastest
-
-    entries = {"a": {"reached": [0], "steps": {"0": 900}, "lengths": {"1": {"mean": 0.9}}},
-               "b": {"reached": [0, 1], "steps": {"0": 800, "1": 1000}, "lengths": {"1": {"mean": 0.96}}},
-               "c": {"reached": [], "steps": {"0": None}, "lengths": {"1": {"mean": 0.2}}},
-               "a+yarn": {"reached": [0], "steps": {"0": 100}, "lengths": {"1": {"mean": 0.1}}}}
-    assert fastest(entries) == ["a", "b"]  # 900 each; a rule's row and a scheme that never reached it do not count
-    assert exact_range(entries, 1) == (0.2, 0.96) and exact_range(entries, 4) is None
+    assert retrieval["b"]["word"] == UNTESTED and retrieval["verdict"] == "same direction, untested"
+    assert len(rows) == 4

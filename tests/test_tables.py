@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from analysis.stats import format_p
+from analysis.stats import BEHIND, EQUIVALENT, compare, family, format_p
 from pipelines import study, tables
 from posenc.evaluate import write_results
 
@@ -25,7 +26,7 @@ def test_lm_table_ratio_per_seed_and_not_applicable(tmp_path):
     t = tables.lm_table([tmp_path / "sin.csv", tmp_path / "learned.csv"])
     # per-seed ratios 2.0 and 1.5: mean 1.75 (the ratio of the means would be 1.67)
     assert t["sin"]["ratio_longest"]["mean"] == pytest.approx(1.75)
-    assert t["sin"]["lengths"][4] == {"mean": 3.0, "sd": pytest.approx(math.sqrt(2)), "n": 2}
+    assert t["sin"]["lengths"][4] == {"mean": 3.0, "sd": pytest.approx(math.sqrt(2)), "n": 2, "values": [2.0, 4.0]}
     assert t["learned"]["ratio_longest"]["mean"] is None and t["learned"]["lengths"][8]["n"] == 0
     md = tables.lm_markdown(t)
     assert "| `sin` | 3.00 ± 1.41 | 5.00 ± 1.41 | 1.75 ± 0.35 | 2 |" in md and "n/a" in md
@@ -36,23 +37,28 @@ def test_lm_table_ratio_per_seed_and_not_applicable(tmp_path):
     assert head["learned"] == {"ppl_L": 3.0, "ppl_2L": None, "ratio": None}
 
 
-def test_lm_table_compares_every_ratio_with_the_question(tmp_path):
-    """Each scheme's per-seed ratios against the question scheme's, Welch-tested as scipy does."""
+def test_lm_table_compares_every_ratio_with_the_reference(tmp_path):
+    """Each scheme's per-seed ratios against the reference scheme's, as one family: Welch's test
+    of the logarithms as SciPy computes it, the factor of the geometric means, Holm over the
+    table; the table prints the factor, its interval, both p-values and the verdict."""
     write_results(_rows("q", 0, {4: 2.0, 8: 2.0}) + _rows("q", 1, {4: 2.0, 8: 2.2}) + _rows("q", 2, {4: 2.0, 8: 2.1}),
                   tmp_path / "q.csv")
     write_results(_rows("a", 0, {4: 2.0, 8: 4.0}) + _rows("a", 1, {4: 2.0, 8: 5.0}) + _rows("a", 2, {4: 2.0, 8: 4.4}),
                   tmp_path / "a.csv")
     write_results(_rows("short", 0, {4: 2.0, 8: math.nan}), tmp_path / "short.csv")
-    t = tables.compare_ratios(tables.lm_table([tmp_path / f"{s}.csv" for s in ("q", "a", "short")]), "q")
-    w, ref = t["a"]["vs_question"], stats.ttest_ind([2.0, 2.5, 2.2], [1.0, 1.1, 1.05], equal_var=False)
-    assert w["question"] == "q" and w["diff"] == pytest.approx(2.2333 - 1.05, abs=1e-3)
-    assert w["p"] == pytest.approx(ref.pvalue) and w["t"] == pytest.approx(ref.statistic)
-    assert "vs_question" not in t["q"] and "vs_question" not in t["short"]  # itself; no ratio
+    t = tables.compare_ratios(tables.lm_table([tmp_path / f"{s}.csv" for s in ("q", "a", "short")]), "q", 0.05)
+    w = t["a"]["vs_reference"]
+    ref = stats.ttest_ind(np.log([2.0, 2.5, 2.2]), np.log([1.0, 1.1, 1.05]), equal_var=False)
+    assert w["against"] == "q" and w["scale"] == "log"
+    assert w["diff"] == pytest.approx(math.exp(np.log([2.0, 2.5, 2.2]).mean() - np.log([1.0, 1.1, 1.05]).mean()))
+    assert w["p"] == pytest.approx(ref.pvalue) and w["p_adj"] == pytest.approx(ref.pvalue) and w["m"] == 1
+    assert w["word"] == BEHIND and not w["higher_is_better"]  # a higher ratio degrades more
+    assert "vs_reference" not in t["q"] and "vs_reference" not in t["short"]  # itself; no ratio
     md = tables.lm_markdown(t, "q")
-    assert "ppl(2L) / ppl(L) − `q` (95% CI) | Welch p |" in md.splitlines()[0]
-    assert "| `a` |" in md and f"| +1.18 ({w['ci'][0]:+.2f}, {w['ci'][1]:+.2f}) | {format_p(w['p'])} |" in md
-    assert md.splitlines()[2].startswith("| `q` |") and md.splitlines()[2].endswith("| — | — |")
-    assert "Welch" not in tables.lm_markdown(tables.compare_ratios(t, "absent"), "absent")
+    assert "| ratio ÷ `q`'s (95% CI) | p | Holm p | verdict |" in md.splitlines()[0]
+    assert f"| ×{w['diff']:.3f} ({w['ci'][0]:.3f}, {w['ci'][1]:.3f}) | {format_p(w['p'])} | " in md
+    assert md.splitlines()[2].startswith("| `q` |") and md.splitlines()[2].endswith("| — | — | — | — |")
+    assert "Holm" not in tables.lm_markdown(tables.compare_ratios(t, "absent"), "absent")
 
 
 def _study_files(tmp_path, scheme, core="c1"):
@@ -72,13 +78,13 @@ def test_tables_stage_reads_the_study_schemes_and_refuses_mixed_code(tmp_path, c
     params.write_text("schemes:\n  none: {}\n  alibi: {}\n  sandwich: {}\n")
     args = [*map(str, sorted((tmp_path / "runs").glob("*.json"))), "--extrapolation",
             *map(str, sorted((tmp_path / "extrapolation").glob("*.csv"))), "--params", str(params),
-            "--lm-question", "alibi", "--question", "alibi", "--against", "none",
+            "--lm-reference", "alibi", "--question", "alibi", "--against", "none",
             "--out-dir", str(tmp_path / "out"), "--md-dir", str(tmp_path / "md")]
     tables.main(args)
     err = capsys.readouterr().err
     assert "no runs for scheme sandwich" in err and "extra.json belongs to no scheme of the study" in err
     lm = json.loads((tmp_path / "out" / "lm_table.json").read_text())
-    assert set(lm) == {"none", "alibi"} and lm["none"]["vs_question"]["question"] == "alibi"
+    assert set(lm) == {"none", "alibi"} and lm["none"]["vs_reference"]["against"] == "alibi"
     assert sorted(p.name for p in (tmp_path / "out" / "metrics").iterdir()) == ["alibi.json", "none.json"]
     # results of another version of the shared code: refused before anything is written
     _study_files(tmp_path, "alibi", core="c2")
@@ -88,24 +94,29 @@ def test_tables_stage_reads_the_study_schemes_and_refuses_mixed_code(tmp_path, c
     assert not (tmp_path / "out" / "lm_table.json").exists()
 
 
-def test_mlm_table_tests_the_question_against_the_list_and_the_best(tmp_path):
+def test_mlm_table_tests_the_question_against_the_schemes_named(tmp_path):
+    """The question against the schemes named (a family of its own), never against one picked
+    by the results; every scheme against the reference (another family)."""
     runs = {"none": [0.24, 0.25, 0.23], "sinusoidal": [0.30, 0.31, 0.29], "fixed": [0.45, 0.46, 0.44],
             "rope": [0.50, 0.49, 0.51]}
     f = tmp_path / "runs.json"
     f.write_text(json.dumps({"scheme": "x", "timing": {}, "runs": [
         {"scheme": s, "task": "mlm", "seed": i, "val/acc": v, "val/ppl": 1 / v} for s, vs in runs.items()
         for i, v in enumerate(vs)]}))
-    t = tables.mlm_table(tables.mlm_runs([f]), "fixed", ["none", "sinusoidal"])
-    assert list(t["tests"]) == ["none", "sinusoidal", "rope"] and t["tests"]["rope"]["best"]
+    t = tables.mlm_table(tables.mlm_runs([f]), "fixed", ["none", "sinusoidal"], margin=0.02)
+    assert list(t["tests"]) == ["none", "sinusoidal"]  # rope is better, but was not named
     assert t["tests"]["none"]["diff"] == pytest.approx(0.21) and t["tests"]["none"]["p"] < 0.001
-    assert t["summary"]["sinusoidal"]["vs_none"]["diff"] == pytest.approx(0.06)
-    assert "vs_none" not in t["summary"]["none"]
+    assert t["tests"]["none"]["m"] == 2 and t["tests"]["none"]["word"] == "ahead of"
+    assert t["summary"]["sinusoidal"]["vs_reference"]["diff"] == pytest.approx(0.06)
+    assert t["summary"]["sinusoidal"]["vs_reference"]["m"] == 3 and "vs_reference" not in t["summary"]["none"]
     md = tables.mlm_markdown(t)
     assert md.index("| `rope`") < md.index("| `fixed`") < md.index("| `none`")  # best accuracy first
-    assert "(best other scheme)" in md
+    assert "named before the data" in md
     causal = tables.mlm_table(tables.mlm_runs([f]), "xpos", ["none"])  # a causal-only scheme in the slot
     assert causal["tests"] == {} and "`xpos` has no masked-LM runs" in causal["note"]
     assert "Does `xpos` help? `xpos` has no masked-LM runs" in tables.mlm_markdown(causal)  # the section stays
+    empty = tables.mlm_table({}, "fixed", ["none"])  # a study without the masked LM
+    assert empty["summary"] == {} and tables.mlm_markdown(empty) == "This study has no masked-LM runs.\n"
 
 
 def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root, cache_dir):
@@ -184,9 +195,9 @@ def test_lm_table_by_hand(tmp_path):
     write_results(_rows("short", 5, {8: 3.0}, train_len=8), tmp_path / "short.csv")
     t = tables.lm_table([tmp_path / f"{s}.csv" for s in ("sin", "gap", "short")])
     assert t["sin"] == {"train_len": 4, "seeds": [0, 1],
-                        "lengths": {4: {"mean": 3.0, "sd": pytest.approx(2**0.5), "n": 2},
-                                    6: {"mean": 3.5, "sd": pytest.approx(2**0.5), "n": 2},
-                                    16: {"mean": 5.0, "sd": pytest.approx(2**0.5), "n": 2}},
+                        "lengths": {4: {"mean": 3.0, "sd": pytest.approx(2**0.5), "n": 2, "values": [2.0, 4.0]},
+                                    6: {"mean": 3.5, "sd": pytest.approx(2**0.5), "n": 2, "values": [2.5, 4.5]},
+                                    16: {"mean": 5.0, "sd": pytest.approx(2**0.5), "n": 2, "values": [4.0, 6.0]}},
                         "ratio_longest": {"mean": 1.75, "sd": pytest.approx(0.125**0.5), "n": 2, "longest": 16,
                                           "values": [2.0, 1.5]}}
     assert t["gap"]["ratio_longest"] == {"mean": 2.0, "sd": 0.0, "n": 1, "longest": 16, "values": [2.0]}
@@ -199,26 +210,29 @@ def _lm_entry(L, seeds, lengths, ratio, longest, values=(), vs=None):
                                                       lengths.items()},
          "ratio_longest": {"mean": ratio[0], "sd": ratio[1], "n": len(values), "longest": longest,
                            "values": list(values)}}
-    return {**e, "vs_question": vs} if vs else e
+    return {**e, "vs_reference": vs} if vs else e
 
 
 def test_compare_ratios_only_compares_like_with_like():
-    """Each scheme's ratios are tested against the question's when both reach the same
-    longest length from the same L; not the question itself, not a scheme without ratios,
-    not one of another longest length or another L; nothing without a question or when the
-    question has no ratios."""
-    from analysis.stats import welch
-
+    """Each scheme's ratios are tested against the reference's when both reach the same
+    longest length from the same L; not the reference itself, not a scheme without ratios,
+    not one of another longest length or another L; a rule's row against its own scheme's
+    plain row, a family of its own; nothing against a reference without ratios."""
     q = _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.05, 0.05), 16, [1.0, 1.1, 1.05])
-    t = {"q": q, "a": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (2.2, 0.2), 16, [2.0, 2.5, 2.2]),
+    a = _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (2.2, 0.2), 16, [2.0, 2.5, 2.2])
+    t = {"q": q, "a": a, "a+rule": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.2, 0.1), 16, [1.1, 1.3, 1.2]),
          "far": _lm_entry(4, [0, 1], {4: (2.0, 0.1)}, (3.0, 0.1), 32, [3.0, 3.1]),
          "other_l": _lm_entry(8, [0, 1], {8: (2.0, 0.1)}, (1.0, 0.1), 16, [1.0, 1.1]),
          "none_yet": _lm_entry(4, [0], {4: (2.0, 0.0)}, (None, None), 16)}
-    out = tables.compare_ratios(t, "q")
-    assert [s for s, e in out.items() if "vs_question" in e] == ["a"]
-    assert out["a"]["vs_question"] == {"question": "q", **welch([2.0, 2.5, 2.2], [1.0, 1.1, 1.05])}
-    for question in (None, "", "none_yet", "absent"):
-        assert not any("vs_question" in e for e in tables.compare_ratios(out, question).values())
+    out = tables.compare_ratios(t, "q", 0.05)
+    assert [s for s, e in out.items() if "vs_reference" in e] == ["a"]
+    expected = family({"a": compare([2.0, 2.5, 2.2], [1.0, 1.1, 1.05], "log", 0.05) | {"against": "q"}},
+                      higher_is_better=False)["a"]
+    assert out["a"]["vs_reference"] == expected
+    assert [s for s, e in out.items() if "vs_plain" in e] == ["a+rule"]
+    assert out["a+rule"]["vs_plain"]["against"] == "a" and out["a+rule"]["vs_plain"]["word"] in ("ahead of", "undecided against")
+    for reference in (None, "", "none_yet", "absent"):
+        assert not any("vs_reference" in e for e in tables.compare_ratios(out, reference).values())
 
 
 def test_at_length_reads_int_and_json_keys():
@@ -233,26 +247,31 @@ def test_at_length_reads_int_and_json_keys():
 def test_lm_markdown_by_hand():
     """``lm_markdown``: a column per length (labelled with its multiple of L when it is one),
     the ratio and the seeds, rows by increasing ratio (schemes without one last), "n/a"
-    where a scheme has no perplexity, and with a question the difference of ratios with
-    its 95% CI and p (dashes for the question itself and for a scheme without a test)."""
-    untested = {"question": "q", "diff": -0.15, "t": None, "df": None, "p": None, "ci": None}
-    t = {"b": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.5, 0.2), 16: (3.0, 0.3)}, (1.5, 0.05), 16,
-                        vs={"question": "q", "diff": 0.25, "ci": [0.1, 0.4], "p": 0.0004}),
+    where a scheme has no perplexity, and with a reference each row's comparison cells
+    (``analysis.stats.comparison_cells``: dashes for the reference itself); the rule rows'
+    family in a table of its own."""
+    from analysis.stats import comparison_cells
+
+    fam = family({"b": compare([1.45, 1.5, 1.55], [1.2, 1.25, 1.3], "log", 0.05) | {"against": "q"}}, False)
+    t = {"b": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.5, 0.2), 16: (3.0, 0.3)}, (1.5, 0.05), 16, vs=fam["b"]),
          "q": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.2, 0.1), 16: (2.5, 0.2)}, (1.25, 0.05), 16),
-         "learned": _lm_entry(4, [0], {4: (3.0, 0.0), 6: (None, None)}, (None, None), 6),
-         "one": _lm_entry(4, [5], {4: (2.0, 0.0), 6: (2.1, 0.0), 16: (2.2, 0.0)}, (1.1, 0.0), 16, vs=untested)}
-    rows = ["| `one` | 2.00 ± 0.00 | 2.10 ± 0.00 | 2.20 ± 0.00 | 1.10 ± 0.00 | 1 |",
-            "| `q` | 2.00 ± 0.10 | 2.20 ± 0.10 | 2.50 ± 0.20 | 1.25 ± 0.05 | 3 |",
+         "learned": _lm_entry(4, [0], {4: (3.0, 0.0), 6: (None, None)}, (None, None), 6)}
+    rows = ["| `q` | 2.00 ± 0.10 | 2.20 ± 0.10 | 2.50 ± 0.20 | 1.25 ± 0.05 | 3 |",
             "| `b` | 2.00 ± 0.10 | 2.50 ± 0.20 | 3.00 ± 0.30 | 1.50 ± 0.05 | 3 |",
             "| `learned` | 3.00 ± 0.00 | n/a | n/a | — | 1 |"]
     assert tables.lm_markdown(t, "q") == "\n".join([
-        "| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds | ppl(4L) / ppl(L) − `q` (95% CI) | Welch p |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        rows[0] + " -0.15 | — |", rows[1] + " — | — |", rows[2] + " +0.25 (+0.10, +0.40) | 4.0e-04 |",
-        rows[3] + " — | — |"]) + "\n"
+        "| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds | ratio ÷ `q`'s (95% CI) | p | Holm p | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        rows[0] + " — | — | — | — |", rows[1] + " " + " | ".join(comparison_cells(fam["b"])) + " |",
+        rows[2] + " — | — | — | — |"]) + "\n"
     plain = "\n".join(["| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds |",
                        "| --- | ---: | ---: | ---: | ---: | ---: |", *rows]) + "\n"
-    assert tables.lm_markdown(t) == plain  # comparisons in the table, but no question asked: not shown
+    assert tables.lm_markdown(t) == plain  # comparisons in the table, but no reference asked: not shown
+    rule = family({"b+r": compare([1.3, 1.35, 1.2], [1.45, 1.5, 1.55], "log") | {"against": "b"}}, False)["b+r"]
+    with_rule = {**t, "b+r": {**_lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.3, 0.1), 16), "vs_plain": rule}}
+    md = tables.lm_markdown(with_rule, "q")
+    assert "against their own scheme's plain row" in md
+    assert md.rstrip().endswith("| `b+r` | `b` | " + " | ".join(comparison_cells(rule)) + " |")
 
 
 def _mlm_file(tmp_path, runs):
@@ -271,62 +290,55 @@ MLM = {"none": [(0, (0.14, 4.0)), (1, (0.24, 4.2)), (2, (0.34, 4.4))],
 
 
 def test_mlm_table_by_hand(tmp_path):
-    """``mlm_table``: per scheme its seeds, steps, accuracy and perplexity mean ± sd and the
-    Welch test of its accuracy against ``none``; the question tested against each scheme
-    asked for that has runs (once, in the order asked) and the best other scheme, marked;
-    a single-seed scheme gets an untested comparison; the question alone tests nothing."""
-    from analysis.stats import welch
-
+    """``mlm_table``: per scheme its seeds, steps, accuracy and perplexity mean ± sd, and its
+    accuracy against the reference's as one family; the question tested against each scheme
+    asked for that has runs (once, in the order asked), another family; a single-seed scheme
+    gets an untested comparison; the question alone tests nothing."""
     runs = tables.mlm_runs([_mlm_file(tmp_path, MLM)])
     assert sorted(runs) == ["fixed", "none", "rope", "solo"] and len(runs["none"]) == 3  # mlm runs only
-    t = tables.mlm_table(runs, "fixed", ["none", "solo", "learned", "rope", "none"])
+    t = tables.mlm_table(runs, "fixed", ["none", "solo", "learned", "rope", "none"], margin=0.02)
     none_acc = [0.14, 0.24, 0.34]
-    assert (t["metric"], t["baseline"], t["question"], t["note"]) == (
-        "masked-token accuracy on the validation split", "none", "fixed", None)
-    assert t["summary"]["solo"] == {"seeds": [7], "n": 1, "steps": 300, "acc_mean": 0.3, "acc_sd": 0.0,
-                                    "ppl_mean": 3.0, "ppl_sd": 0.0, "acc": [0.3], "ppl": [3.0],
-                                    "vs_none": welch([0.3], none_acc)}
+    assert (t["metric"], t["reference"], t["question"], t["note"], t["margin"]) == (
+        "masked-token accuracy on the validation split", "none", "fixed", None, 0.02)
+    solo = t["summary"]["solo"]
+    assert {k: v for k, v in solo.items() if k != "vs_reference"} == {
+        "seeds": [7], "n": 1, "steps": 300, "acc_mean": 0.3, "acc_sd": 0.0, "ppl_mean": 3.0, "ppl_sd": 0.0,
+        "acc": [0.3], "ppl": [3.0]}
+    assert solo["vs_reference"]["word"] == "untested against" and solo["vs_reference"]["diff"] == pytest.approx(0.06)
     assert list(t["tests"]) == ["none", "solo", "rope"]
-    assert t["tests"]["none"] == {**welch([0.45, 0.46, 0.44], none_acc), "best": False}
-    assert t["tests"]["rope"] == {**welch([0.45, 0.46, 0.44], [0.50, 0.49, 0.51]), "best": True}
-    assert t["tests"]["solo"]["t"] is None and not t["tests"]["solo"]["best"]
+    asked = family({o: compare([0.45, 0.46, 0.44], v, "points", 0.02) | {"against": o}
+                    for o, v in (("none", none_acc), ("solo", [0.3]), ("rope", [0.50, 0.49, 0.51]))})
+    assert t["tests"] == asked and t["tests"]["solo"]["p"] is None and t["tests"]["none"]["m"] == 2
     alone = tables.mlm_table({"fixed": runs["fixed"]}, "fixed", ["none"])
     assert alone["tests"] == {} and alone["note"] is None
-    with pytest.raises(SystemExit, match="no masked-LM runs"):
-        tables.mlm_runs([_mlm_file(tmp_path, {})])
+    assert tables.mlm_runs([_mlm_file(tmp_path, {})]) == {}
 
 
 def test_mlm_markdown_by_hand(tmp_path):
-    """``mlm_markdown``: schemes by accuracy, each against ``none`` with its 95% CI and p
-    (dashes for none itself, no CI and p for an untested one); then the question's tests,
-    the best other scheme marked, t and df; a question without runs gets its note instead."""
-    from analysis.stats import format_p, welch
+    """``mlm_markdown``: schemes by accuracy, each with its comparison cells against the
+    reference (dashes for the reference itself); then the question's family with t and df;
+    a question without runs gets its note instead."""
+    from analysis.stats import comparison_cells
 
     runs = tables.mlm_runs([_mlm_file(tmp_path, MLM)])
-    none_acc, fixed, rope = [0.14, 0.24, 0.34], [0.45, 0.46, 0.44], [0.50, 0.49, 0.51]
-
-    def vs(w):
-        return f"{100 * w['diff']:+.1f} pt ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f}) | {format_p(w['p'])}"
-
-    def test_row(name, w):
-        return (f"| {name} | {100 * w['diff']:+.1f} pt ({100 * w['ci'][0]:+.1f}, {100 * w['ci'][1]:+.1f}) | "
-                f"{w['t']:+.2f} | {w['df']:.1f} | {format_p(w['p'])} |")
-
+    t = tables.mlm_table(runs, "fixed", ["none", "solo"])
+    cells = lambda s: " | ".join(comparison_cells(t["summary"][s].get("vs_reference")))  # noqa: E731
     table = [
-        "| scheme | accuracy | masked-token perplexity | seeds | accuracy − `none` (95% CI) | Welch p |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-        f"| `rope` | 50.0% ± 1.0 | 2.00 ± 0.10 | 3 | {vs(welch(rope, none_acc))} |",
-        f"| `fixed` | 45.0% ± 1.0 | 2.00 ± 0.00 | 3 | {vs(welch(fixed, none_acc))} |",
-        "| `solo` | 30.0% ± 0.0 | 3.00 ± 0.00 | 1 | +6.0 pt | — |",
-        "| `none` | 24.0% ± 10.0 | 4.20 ± 0.20 | 3 | — | — |",
+        "| scheme | accuracy | masked-token perplexity | seeds | accuracy − `none`'s (95% CI) | p | Holm p | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| `rope` | 50.0% ± 1.0 | 2.00 ± 0.10 | 3 | {cells('rope')} |",
+        f"| `fixed` | 45.0% ± 1.0 | 2.00 ± 0.00 | 3 | {cells('fixed')} |",
+        f"| `solo` | 30.0% ± 0.0 | 3.00 ± 0.00 | 1 | {cells('solo')} |",
+        "| `none` | 24.0% ± 10.0 | 4.20 ± 0.20 | 3 | — | — | — | — |",
     ]
-    md = tables.mlm_markdown(tables.mlm_table(runs, "fixed", ["none", "solo"]))
-    assert md == "\n".join(table + [
-        "", "Does `fixed` help? Accuracy of `fixed` minus that of each scheme (Welch t-test, two-sided):", "",
-        "| against | difference (95% CI) | t | df | p |", "| --- | ---: | ---: | ---: | ---: |",
-        test_row("`none`", welch(fixed, none_acc)),
-        "| `solo` | +15.0 pt — | — | — | — |",
-        test_row("`rope` (best other scheme)", welch(fixed, rope))]) + "\n"
+    w = t["tests"]["none"]
+    diff, *rest = comparison_cells(w)
+    assert tables.mlm_markdown(t) == "\n".join(table + [
+        "", "Does `fixed` help? Its accuracy against each scheme named before the data (a family of its own):", "",
+        "| against | difference (95% CI) | t | df | p | Holm p | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| `none` | {diff} | {w['t']:+.2f} | {w['df']:.1f} | {' | '.join(rest)} |",
+        "| `solo` | +15.0 pt | — | — | — | — | — |"]) + "\n"
     causal = tables.mlm_markdown(tables.mlm_table(runs, "xpos", ["none"]))
     assert causal == "\n".join(table + [
         "", "Does `xpos` help? `xpos` has no masked-LM runs (causal only, or not in the study): the question cannot "
@@ -439,7 +451,7 @@ DEFAULT_AGAINST = ["none", "sinusoidal", "learned", "shaw", "transformer_xl"]
 def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys):
     """``pipelines.tables`` with its defaults, run where dvc runs it: the ratios are compared
     with ``alibi``, the masked-LM question is ``fixed_bidirectional`` against none,
-    sinusoidal, learned, shaw and transformer_xl (and the best other scheme); it writes
+    sinusoidal, learned, shaw and transformer_xl (no scheme picked by the results); it writes
     results/{lm_table,mlm_table,timing}.json, results/metrics/<scheme>.json and
     figures/{lm_table,mlm_table}.md, and prints both tables. A question or comparison
     scheme without results is noted on stderr; ``--against`` takes any number of schemes;
@@ -453,8 +465,8 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr()
     lm = json.loads((tmp_path / "results" / "lm_table.json").read_text())
     mlm = json.loads((tmp_path / "results" / "mlm_table.json").read_text())
-    assert {e["vs_question"]["question"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
-    assert mlm["question"] == "fixed_bidirectional" and list(mlm["tests"]) == [*DEFAULT_AGAINST, "alibi"]
+    assert {e["vs_reference"]["against"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
+    assert mlm["question"] == "fixed_bidirectional" and list(mlm["tests"]) == DEFAULT_AGAINST
     assert (tmp_path / "figures" / "lm_table.md").read_text() == tables.lm_markdown(lm, "alibi")
     assert (tmp_path / "figures" / "mlm_table.md").read_text() == tables.mlm_markdown(mlm)
     assert out.out == tables.lm_markdown(lm, "alibi") + "\n" + tables.mlm_markdown(mlm) + "\n" and out.err == ""
@@ -464,15 +476,15 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     assert json.loads((tmp_path / "results" / "metrics" / "none.json").read_text())["mlm_acc"] == pytest.approx(0.305)
     params = tmp_path / "params.yaml"
     params.write_text("schemes:\n  none: {}\n  alibi: {}\n  sandwich: {}\n")
-    tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-question", "absent",
+    tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-reference", "absent",
                  "--question", "xpos", "--out-dir", "o", "--md-dir", "m"])
     err = capsys.readouterr().err
     assert "note: no extrapolation results for scheme sandwich of the study" in err
-    assert "note: --lm-question absent has no extrapolation results: no comparison column\n" in err
+    assert "note: --lm-reference absent has no extrapolation results: no comparison column\n" in err
     assert "note: --question `xpos` has no masked-LM runs" in err
     assert sorted(json.loads((tmp_path / "o" / "lm_table.json").read_text())) == ["alibi", "none"]
     assert (tmp_path / "m" / "mlm_table.md").exists()
     tables.main([*runs, "--extrapolation", *ex, "--against", "learned", "shaw", "--out-dir", "o2"])
-    assert list(json.loads((tmp_path / "o2" / "mlm_table.json").read_text())["tests"]) == ["learned", "shaw", "alibi"]
+    assert list(json.loads((tmp_path / "o2" / "mlm_table.json").read_text())["tests"]) == ["learned", "shaw"]
     with pytest.raises(SystemExit):
         tables.main([*runs])
