@@ -215,6 +215,8 @@ def provenance(a: argparse.Namespace, done: list[dict]) -> dict:
     tokens = sorted({RunFolder(r["run_dir"]).info()["identity"]["data.tokens_sha256"] for r in done})
     settings = {"common": shlex.split(a.common), "lm": shlex.split(a.lm), "mlm": shlex.split(a.mlm),
                 "seeds": a.seeds, "multipliers": a.multipliers, "max_tokens": a.max_tokens, "data": tokens}
+    if a.mlm_seeds != a.seeds:  # added only when they differ: the digests of the other studies stay as they were
+        settings["mlm_seeds"] = a.mlm_seeds
     if "grid" in a.evaluation.values():  # added only with the task: the digests of the other studies stay as they were
         settings["retrieval"] = {"overrides": shlex.split(a.retrieval), "seeds": a.retrieval_seeds, **a.grid}
     return {"core": files_digest(), "scheme": scheme_fingerprint(a.scheme)["digest"],
@@ -247,6 +249,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lm", default="", help="Hydra overrides for the causal-LM runs")
     p.add_argument("--mlm", default="", help="Hydra overrides for the masked-LM runs")
     p.add_argument("--retrieval", default="", help="Hydra overrides for the retrieval runs")
+    p.add_argument("--mlm-seeds", type=int, nargs="+", help="seeds of the masked-LM runs (default: --seeds)")
     p.add_argument("--retrieval-seeds", type=int, nargs="+", help="seeds of the retrieval runs (default: --seeds)")
     p.add_argument("--retrieval-results", help="results file (.csv) of the retrieval grids")
     p.add_argument("--retrieval-extensions", nargs="*", default=[],
@@ -272,6 +275,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_grid_arguments(p, a)
     a.grid = grid_settings(a)
     a.retrieval_seeds = a.retrieval_seeds or a.seeds
+    a.mlm_seeds = a.mlm_seeds or a.seeds
     for spec in a.extensions:
         try:
             parse_extension(spec)
@@ -286,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    seeds = {"retrieval": a.retrieval_seeds}  # a task's seeds, when its flag gives its own
+    seeds = {"mlm": a.mlm_seeds, "retrieval": a.retrieval_seeds}  # a task's seeds, when its flag gives its own
     n = sum(len(seeds.get(task, a.seeds)) for task in a.tasks)
     os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the fork server (and a submitit job)
     runs = Path(a.runs_dir)

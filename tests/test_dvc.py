@@ -29,14 +29,15 @@ REDUCED = {
     "common": "model.d_model=32 model.n_heads=2",
     "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
            "overrides": ""},
-    "mlm": {"seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
+    "mlm": {"seeds": "0 1", "seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
     "retrieval": {"criterion": 0.9, "cap": 20, "validate_every": 10, "validation_windows": 16, "batch_size": 8, "seeds": "0", "trials": 4,
-                  "attention_trials": 2, "against": "none", "extensions": "", "overrides": ""},
+                  "attention_trials": 2, "extensions": "", "overrides": ""},
     "schemes": {"none": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
                 "alibi": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
                 "xpos": {"tasks": "lm retrieval", "overrides": "", "extensions": ""}},
-    "lm_table": {"question": "alibi"},
-    "mlm_table": {"question": "alibi", "against": "none"},
+    "lm_table": {"reference": "alibi", "margin": 0.05},
+    "mlm_table": {"reference": "none", "question": "alibi", "against": "none", "margin": 0.02},
+    "retrieval_table": {"reference": "none", "margin": 0.1},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
 }
@@ -157,7 +158,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert set(table["tests"]) == {"none"}
     lm = json.loads((tmp_path / "results/lm_table.json").read_text())
     assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
-    assert lm["none"]["vs_question"]["question"] == "alibi" and "vs_question" not in lm["alibi"]
+    assert lm["none"]["vs_reference"]["against"] == "alibi" and "vs_reference" not in lm["alibi"]
     timing = json.loads((tmp_path / "results/timing.json").read_text())
     assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2 + 3
     assert set(timing["total"]["task_s"]) == {"lm", "mlm", "retrieval"}
@@ -227,7 +228,7 @@ class DistancePenalty(PositionalScheme):
                                   "  _partial_: true\n  init: 0.5\n",
 }
 #: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
-ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "figures", "retrieval",
+ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "buckets", "figures", "retrieval",
                 "bench", "publish", "report"}
 SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
                    "figures/correlations_table.md", "figures/extrapolation.png", "figures/extrapolation.svg",

@@ -459,20 +459,37 @@ def test_cape_augmentations_follow_the_paper():
 
 
 SHIPPED = sorted(n for n, c in CONFIGS.items() if c.cls is not None and c.cls.__module__.startswith("posenc."))
+#: shipped configs that run a scheme's class with other settings: {config: (its scheme, the settings it changes)}
+SETTING_VARIANTS = {"t5_bias_scaled": ("t5_bias", {"num_buckets", "max_distance"})}
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+def _yaml_settings(name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.to_container(OmegaConf.load(CONFIGS[name].path).scheme, resolve=False)
+    return {k: v for k, v in yaml.items() if not k.startswith("_") and not str(v).startswith("${")}
+
+
+@pytest.mark.parametrize("name", sorted(SETTING_VARIANTS))
+def test_a_variant_is_its_schemes_class_with_the_settings_it_names(name):
+    """A variant (``t5_bias_scaled``: T5 at Press et al.'s max_distance relative to L) builds the
+    class of the scheme it varies and differs from that scheme's YAML in the settings it names,
+    and in nothing else."""
+    base, changed = SETTING_VARIANTS[name]
+    assert CONFIGS[name].cls is CONFIGS[base].cls
+    mine, theirs = _yaml_settings(name), _yaml_settings(base)
+    assert set(mine) == set(theirs) and {k for k in mine if mine[k] != theirs[k]} == changed
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n not in SETTING_VARIANTS])
 def test_class_defaults_are_the_yaml_settings(name):
     """A shipped scheme's keyword defaults are the settings of its ``encoding/<name>.yaml``
     (the values the README and the docstrings give), so ``Scheme(d_model=..., ...)`` in a
     notebook builds the model ``encoding=<name>`` trains. Interpolated settings (``${...}``)
-    are left out."""
+    are left out. A variant of a scheme (``SETTING_VARIANTS``) has its own test."""
     import inspect
 
-    from omegaconf import OmegaConf
-
-    yaml = OmegaConf.to_container(OmegaConf.load(CONFIGS[name].path).scheme, resolve=False)
-    settings = {k: v for k, v in yaml.items() if not k.startswith("_") and not str(v).startswith("${")}
+    settings = _yaml_settings(name)
     params = inspect.signature(CONFIGS[name].cls.__init__).parameters
     defaults = {k: list(p.default) if isinstance(p.default, tuple) else p.default
                 for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k in settings}  # fmt: skip
