@@ -1,0 +1,86 @@
+"""The report's cross-table findings (``analysis.findings``): T5's control family, what each
+family decides and with how many seeds, and the fairness profiles (each scheme's best rate,
+Kendall's τ against the default order, the decided findings' directions)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from analysis import findings
+from analysis.stats import BEHIND, against, compare, family
+
+
+def _lm(ratios: dict, at_l: dict | None = None) -> dict:
+    out = {}
+    for s, v in ratios.items():
+        out[s] = {"train_len": 64, "ratio_longest": {"values": v, "mean": sum(v) / len(v)},
+                  "lengths": {"64": {"mean": (at_l or {}).get(s, 8.0)}}}
+    return out
+
+
+def test_t5_control_is_one_family_of_the_ratio_and_the_exact_match():
+    lm = _lm({"t5_bias": [1.37, 1.38, 1.36], "t5_bias_scaled": [1.35, 1.34, 1.36]})
+    ret = {"schemes": {s: {"lengths": {"16": {"values": v}}} for s, v in
+                       (("t5_bias", [0.3, 0.2, 0.25]), ("t5_bias_scaled", [0.5, 0.45, 0.55]))}}
+    c = findings.t5_control(lm, ret, 16, {"lm": 0.05, "retrieval": 0.1})
+    assert set(c) == {"ratio", "exact"} and c["ratio"]["m"] == 2 and not c["ratio"]["higher_is_better"]
+    assert c["ratio"]["diff"] == pytest.approx(compare([1.35, 1.34, 1.36], [1.37, 1.38, 1.36], "log")["diff"])
+    assert c["exact"]["higher_is_better"] and c["exact"]["diff"] == pytest.approx(0.25)
+    assert findings.t5_control(_lm({"t5_bias": [1.3, 1.4]}), {}, 16, {"lm": 0.05, "retrieval": 0.1}) == {}
+
+
+def test_power_counts_each_familys_words_and_the_seeds_the_undecided_need():
+    fam = against({"ref": [1.0, 1.01, 0.99], "far": [2.0, 2.1, 1.9], "noisy": [1.0, 1.6, 1.2]}, "ref", "log", 0.05,
+                  higher_is_better=False)
+    rows = findings.power({"lm": fam, "empty": {}})
+    assert [r["name"] for r in rows] == ["lm"]  # an empty family is left out
+    r = rows[0]
+    assert r["seeds"] == [3] and r["m"] == 2 and r["decided"] == ["far"] and r["undecided"] == ["noisy"]
+    assert r["needed"] == {"noisy": fam["noisy"]["seeds_needed"]} and fam["noisy"]["seeds_needed"] > 3
+
+
+def test_with_seeds_redoes_a_family_with_the_first_seeds():
+    samples = {"ref": [1.0, 1.01, 0.99, 1.0, 1.005], "a": [1.4, 1.2, 1.3, 1.25, 1.35]}
+    assert findings.with_seeds(samples, "ref", 2, "log", 0.05, False) == \
+        findings.tally(against({s: v[:2] for s, v in samples.items()}, "ref", "log", 0.05, False))
+
+
+def _study(ratios: dict, acc: dict, at_l: dict | None = None, reference="alibi", question=None, against_=()):
+    lm = _lm(ratios, at_l)
+    for s, t in against(ratios, reference, "log", 0.05, higher_is_better=False).items():
+        lm[s]["vs_reference"] = t
+    summary = {s: {"acc": v, "acc_mean": sum(v) / len(v)} for s, v in acc.items()}
+    tests = family({o: compare(acc[question], acc[o], "points", 0.02) | {"against": o} for o in against_}) \
+        if question else {}
+    return SimpleNamespace(lm=lm, mlm={"question": question, "tests": tests, "summary": summary})
+
+
+def test_fairness_picks_each_schemes_best_rate_and_compares_the_orders():
+    """Three rates, one seed each: rope is best at 1e-3 (perplexity at L), the others at 3e-3;
+    the tuned order of the ratios keeps rope behind alibi, so the decided finding holds; the
+    masked LM's best rates are picked by accuracy."""
+    default = _study({"alibi": [1.0, 1.01, 0.99], "rope": [3.0, 3.2, 2.9], "sinusoidal": [2.0, 2.1, 1.9]},
+                     {"none": [0.2, 0.21, 0.19], "fb": [0.4, 0.41, 0.39]}, question="fb", against_=["none"])
+    rates = {
+        "1e-3": _study({"alibi": [1.0], "rope": [2.5], "sinusoidal": [2.2]}, {"none": [0.22], "fb": [0.45]},
+                       at_l={"alibi": 8.5, "rope": 7.0, "sinusoidal": 9.9}),
+        "3e-3": _study({"alibi": [0.99], "rope": [3.5], "sinusoidal": [1.8]}, {"none": [0.25], "fb": [0.43]},
+                       at_l={"alibi": 8.1, "rope": 7.5, "sinusoidal": 9.2}),
+        "1e-2": _study({"alibi": [1.2], "rope": [4.0], "sinusoidal": [1.5]}, {"none": [0.1], "fb": [0.2]},
+                       at_l={"alibi": 9.0, "rope": 8.0, "sinusoidal": 9.5}),
+    }
+    out = findings.fairness(default, rates, "3e-3")
+    assert {s: b["rate"] for s, b in out["lm_best"].items()} == {"alibi": "3e-3", "rope": "1e-3", "sinusoidal": "3e-3"}
+    assert out["lm_best"]["rope"]["by_rate"] == {"1e-3": 7.0, "3e-3": 7.5, "1e-2": 8.0}
+    assert {s: b["rate"] for s, b in out["mlm_best"].items()} == {"none": "3e-3", "fb": "1e-3"}
+    assert out["taus"]["lm"]["budget"]["tau"] == pytest.approx(1.0)  # alibi < sinusoidal < rope in both
+    assert out["taus"]["lm"]["tuned"]["tau"] == pytest.approx(1.0)
+    decided = {f["finding"]: f for f in out["findings"]}
+    rope = decided["LM: `rope`'s ratio against `alibi`'s"]
+    assert rope["word"] == BEHIND and rope["holds_tuned"] and rope["tuned"] == pytest.approx(2.5 / 0.99)
+    assert rope["budget"] == pytest.approx(3.5 / 0.99) and rope["holds_budget"]
+    mlm = decided["MLM: `fb`'s accuracy against `none`'s"]
+    assert mlm["holds_tuned"] and mlm["tuned"] == pytest.approx(0.45 - 0.25)
+    assert out["growth"]["rope"] == {"default": pytest.approx(3.0333, abs=1e-3), "longer": 3.5}
