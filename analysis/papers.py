@@ -17,8 +17,10 @@ A test agrees when its word is one the claim expects, disagrees when it is the o
 decided word or an equivalence where a difference was expected, and is undecided otherwise.
 A claim agrees when all its tests agree, disagrees when all that decide disagree, holds
 "in part" when some agree and some disagree, and is undecided when none decides. Where a
-claim disagrees, its ``controls`` (the same test in a profile) give the reason: the control
-that agrees, or "unexplained" when none does.
+claim disagrees, its ``controls`` (the same test in a profile) give the reason: a control
+that agrees with the paper; else one where the difference is no longer decided (the setting
+it changes may explain the disagreement, without showing the paper's finding); else
+"unexplained".
 """
 
 from __future__ import annotations
@@ -172,20 +174,28 @@ def against_papers(literature: Mapping, study, profiles: Mapping) -> list[dict]:
                 r["verdict"] = UNDECIDED_CLAIM
         row["verdict"] = UNTESTED_CLAIM if "untested" in row else combine([r["verdict"] for r in row["results"]])
         expect = next((t["expect"] for t in row.get("tests", []) if "expect" in t), ["ahead"])
-        row["controls"] = [_control(c, profiles, margins, expect) for c in row.get("controls", [])]
+        row["controls"] = [_control(c, profiles, margins, expect, study) for c in row.get("controls", [])]
         row["reason"] = _reason(row)
     return rows
 
 
-def _control(control: Mapping, profiles: Mapping, margins: Mapping, expect: Sequence[str]) -> dict:
+def _control(control: Mapping, profiles: Mapping, margins: Mapping, expect: Sequence[str], study) -> dict:
+    """A control: the claim's test in the profile that changes one setting, and how that setting
+    moves each of the two schemes (``shifts``: each scheme's ratio in the profile against its
+    ratio in the default study, a family of two; lm_ratio controls only)."""
     prof = profiles.get(control["study"])
     if prof is None:
-        return {**control, "comparison": None, "verdict": UNTESTED_CLAIM}
+        return {**control, "comparison": None, "verdict": UNTESTED_CLAIM, "shifts": {}}
     c = comparison(control, prof.lm, prof.retrieval if control["kind"] == "exact" else {}, prof.top, margins)
     if c is None:
-        return {**control, "comparison": None, "verdict": UNTESTED_CLAIM}
+        return {**control, "comparison": None, "verdict": UNTESTED_CLAIM, "shifts": {}}
     c = family({"c": c})["c"]
-    return {**control, "comparison": c, "verdict": judge(c["word"], expect)}
+    shifts = {}
+    if control["kind"] == "lm_ratio":
+        moved = {s: compare(_ratio(prof.lm, s), _ratio(study.lm, s), "log", margins["lm"]) | {"against": s}
+                 for s in (control["a"], control["b"]) if _ratio(prof.lm, s) and _ratio(study.lm, s)}
+        shifts = family(moved, higher_is_better=False)
+    return {**control, "comparison": c, "verdict": judge(c["word"], expect), "shifts": shifts}
 
 
 def _reason(row: Mapping) -> str | None:
@@ -199,6 +209,14 @@ def _reason(row: Mapping) -> str | None:
         where = f"it does not hold against {', '.join(f'`{s}`' for s in off)}: "
     for c in row["controls"]:
         if c["verdict"] == AGREES:
-            return f"{where}control agrees: {c['label']}"
+            return f"{where}the control agrees with the paper: {c['label']}"
+    for c in row["controls"]:
+        if c["verdict"] == UNDECIDED_CLAIM:
+            moved = [s for s, t in c["shifts"].items() if t["word"] in (AHEAD, BEHIND)]
+            which = (f"; the setting moves {', '.join(f'`{s}`' for s in moved)}'s ratio (decided), "
+                     f"{'and not' if len(moved) < len(c['shifts']) else 'and'} "
+                     f"{', '.join(f'`{s}`' for s in c['shifts'] if s not in moved) or 'the other'}'s") if moved else ""
+            return (f"{where}possibly the setting the control changes: {c['label']}, the difference is no longer "
+                    f"decided, though the control does not show the paper's finding either{which}")
     ran = [c for c in row["controls"] if c["verdict"] != UNTESTED_CLAIM]
-    return where + "unexplained" + (f" (the control {ran[0]['label']} does not remove it)" if ran else "")
+    return where + "unexplained" + (f" (the control {ran[0]['label']} disagrees too)" if ran else "")

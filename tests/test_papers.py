@@ -76,7 +76,17 @@ def test_against_papers_one_family_a_control_and_the_reason():
     rope = rows["rope"]
     assert rope["results"][0]["comparison"]["word"] == BEHIND and rope["verdict"] == papers.DISAGREES
     assert rope["results"][0]["comparison"]["m"] == 2  # the paper's family: the ratio test and the test at L
-    assert rope["controls"][0]["verdict"] == papers.AGREES and rope["reason"] == "control agrees: wide heads"
+    assert rope["controls"][0]["verdict"] == papers.AGREES
+    assert rope["reason"] == "the control agrees with the paper: wide heads"
+    unclear = _study(_lm({"rope": [1.6, 2.4, 1.9, 2.2], "sinusoidal": [1.9, 2.0, 1.95, 2.05]}))
+    row = {r["key"]: r for r in papers.against_papers(LITERATURE, default, {"wide": unclear})}["rope"]
+    assert row["controls"][0]["verdict"] == papers.UNDECIDED_CLAIM and row["reason"].startswith("possibly the setting")
+    shifts = row["controls"][0]["shifts"]  # each scheme in the control against itself in the default study
+    assert shifts["rope"]["word"] == "ahead of" and shifts["sinusoidal"]["word"] == "equivalent to"
+    assert row["reason"].endswith("the setting moves `rope`'s ratio (decided), and not `sinusoidal`'s")
+    same = _study(_lm({"rope": [3.0, 3.3, 2.8, 3.1], "sinusoidal": [1.9, 2.0, 1.95, 2.05]}))
+    row = {r["key"]: r for r in papers.against_papers(LITERATURE, default, {"wide": same})}["rope"]
+    assert row["reason"] == "unexplained (the control wide heads disagrees too)"
     assert rows["flat"]["verdict"] == papers.AGREES and rows["at_l"]["verdict"] == papers.AGREES
     assert rows["none"]["verdict"] == papers.UNTESTED_CLAIM and rows["none"]["reason"] is None
     no_control = {r["key"]: r for r in papers.against_papers(LITERATURE, default, {})}
