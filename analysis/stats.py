@@ -295,25 +295,21 @@ def shown_diff(test: Mapping, value: float | None = None) -> str:
     return f"×{v:.3f}" if test["scale"] == "log" else f"{100 * v:+.1f} pt"
 
 
-def shown_detectable(test: Mapping) -> str:
+def shown_detectable(test: Mapping, short: bool = False) -> str:
     """What an undecided test could have detected, as a clause: "it detects only a factor
     beyond ×1.700", "it detects only a gap above 29 pt", or "no gap within the possible range is
-    detectable" (a detectable gap of 100 points or more)."""
+    detectable" (a detectable gap of 100 points or more); ``short`` for a table cell ("detects
+    ×1.70", "detects 29 pt", "detects no gap in range")."""
     d = test.get("detectable")
     if d is None:
-        return "there is no test"
+        return "no test" if short else "there is no test"
+    if test["scale"] != "log" and d >= 1:
+        return "detects no gap in range" if short else "no gap within the possible range is detectable"
     if test["scale"] == "log":
-        return f"it detects only a factor beyond ×{d:.3f}"
-    return "no gap within the possible range is detectable" if d >= 1 else f"it detects only a gap above {100 * d:.0f} pt"
-
-
-def _detectable_short(test: Mapping) -> str:
-    d = test.get("detectable")
-    if d is None:
-        return "no test"
-    if test["scale"] == "log":
-        return f"detects ×{d:.2f}"
-    return "detects no gap in range" if d >= 1 else f"detects {100 * d:.0f} pt"
+        amount = f"×{d:.2f}" if short else f"a factor beyond ×{d:.3f}"
+    else:
+        amount = f"{100 * d:.0f} pt" if short else f"a gap above {100 * d:.0f} pt"
+    return f"detects {amount}" if short else f"it detects only {amount}"
 
 
 def verdict_cell(test: Mapping | None) -> str:
@@ -327,7 +323,7 @@ def verdict_cell(test: Mapping | None) -> str:
         return short + (f", within {shown_margin(test)}" if test["within_margin"] else "")
     if test["word"] == EQUIVALENT:
         return f"{short} ({shown_margin(test)})"
-    return f"{short} ({_detectable_short(test)})"
+    return f"{short} ({shown_detectable(test, short=True)})"
 
 
 def comparison_cells(test: Mapping | None) -> list[str]:
