@@ -628,7 +628,8 @@ def test_checkpoints_hold_parameters_not_derived_tables(name):
 
 FAMILIES_OF = {  # the panels of the extrapolation figure
     "none": "none", "sinusoidal": "absolute", "learned": "absolute", "cape": "absolute", "rope": "rotary",
-    "xpos": "rotary", "alibi": "position bias", "t5_bias": "position bias", "kerple": "position bias",
+    "xpos": "rotary", "alibi": "position bias", "t5_bias": "position bias", "t5_bias_scaled": "position bias",
+    "kerple": "position bias",
     "fire": "position bias", "tupe": "position bias", "shaw": "content-relative", "skew": "content-relative",
     "transformer_xl": "content-relative", "fixed_bidirectional": "content-relative",
 }  # fmt: skip
