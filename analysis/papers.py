@@ -199,24 +199,35 @@ def _control(control: Mapping, profiles: Mapping, margins: Mapping, expect: Sequ
 
 
 def _reason(row: Mapping) -> str | None:
-    """Why a claim disagrees: a control that agrees, or "unexplained"; a claim that holds in
-    part first names the schemes it does not hold for."""
+    """Why a claim does not simply agree: for one that holds in part, the schemes it does not
+    hold against and those left undecided; where it disagrees, a control that agrees with the
+    paper, else one that leaves the difference undecided (the setting it changes may explain it),
+    else "unexplained"."""
     if row["verdict"] not in (DISAGREES, IN_PART):
         return None
-    where = ""
+    parts = []
     if row["verdict"] == IN_PART:
-        off = [r["test"].get("b") or r["test"].get("a") for r in row["results"] if r["verdict"] == DISAGREES]
-        where = f"it does not hold against {', '.join(f'`{s}`' for s in off)}: "
-    for c in row["controls"]:
+        for verdict, words in ((DISAGREES, "it does not hold against"), (UNDECIDED_CLAIM, "undecided against")):
+            names = [r["test"].get("b") or r["test"].get("a") for r in row["results"] if r["verdict"] == verdict]
+            if names:
+                parts.append(f"{words} {', '.join(f'`{s}`' for s in names)}")
+    if row["verdict"] == DISAGREES or any(r["verdict"] == DISAGREES for r in row["results"]):
+        parts.append(_why(row["controls"]))
+    return "; ".join(parts)
+
+
+def _why(controls: Sequence[Mapping]) -> str:
+    """What the controls say of a disagreement (see ``_reason``)."""
+    for c in controls:
         if c["verdict"] == AGREES:
-            return f"{where}the control agrees with the paper: {c['label']}"
-    for c in row["controls"]:
+            return f"the control agrees with the paper: {c['label']}"
+    for c in controls:
         if c["verdict"] == UNDECIDED_CLAIM:
             moved = [s for s, t in c["shifts"].items() if t["word"] in (AHEAD, BEHIND)]
             which = (f"; the setting moves {', '.join(f'`{s}`' for s in moved)}'s ratio (decided), "
                      f"{'and not' if len(moved) < len(c['shifts']) else 'and'} "
                      f"{', '.join(f'`{s}`' for s in c['shifts'] if s not in moved) or 'the other'}'s") if moved else ""
-            return (f"{where}possibly the setting the control changes: {c['label']}, the difference is no longer "
+            return (f"possibly the setting the control changes: {c['label']}, the difference is no longer "
                     f"decided, though the control does not show the paper's finding either{which}")
-    ran = [c for c in row["controls"] if c["verdict"] != UNTESTED_CLAIM]
-    return where + "unexplained" + (f" (the control {ran[0]['label']} disagrees too)" if ran else "")
+    ran = [c for c in controls if c["verdict"] != UNTESTED_CLAIM]
+    return "unexplained" + (f" (the control {ran[0]['label']} disagrees too)" if ran else "")

@@ -124,3 +124,18 @@ def test_the_shipped_literature_file_is_well_formed():
         for t in c.get("tests", []):
             assert t["kind"] in kinds and set(t.get("expect", [])) <= set(papers.SHORT), c["key"]
     assert all({"short", "cite", "setting"} <= set(p) for p in lit["papers"].values())
+
+
+def test_the_reason_names_where_a_claim_holds_only_in_part():
+    """In part: the schemes it does not hold against, then those left undecided; only a
+    disagreement asks the controls (none here: unexplained)."""
+    def r(b, verdict):
+        return {"test": {"a": "none", "b": b}, "verdict": verdict}
+
+    agree_undecided = {"verdict": papers.IN_PART, "controls": [],
+                       "results": [r("rope", papers.AGREES), r("alibi", papers.UNDECIDED_CLAIM)]}
+    assert papers._reason(agree_undecided) == "undecided against `alibi`"
+    mixed = {"verdict": papers.IN_PART, "controls": [],
+             "results": [r("rope", papers.AGREES), r("alibi", papers.DISAGREES), r("t5", papers.UNDECIDED_CLAIM)]}
+    assert papers._reason(mixed) == "it does not hold against `alibi`; undecided against `t5`; unexplained"
+    assert papers._reason({"verdict": papers.AGREES, "controls": [], "results": []}) is None
