@@ -252,6 +252,11 @@ def mean(values: Sequence[float]) -> float:
     return stats.mean_sd(list(values))[0]
 
 
+def numeric(keys) -> list[str]:
+    """Keys that spell numbers ("1e-3", "3e-3", "1e-2"), in the order of their values."""
+    return sorted(keys, key=float)
+
+
 def ranked(values: dict[str, float], reverse: bool = False) -> list[str]:
     """The keys of ``values`` by value."""
     return sorted(values, key=values.get, reverse=reverse)
@@ -271,7 +276,7 @@ def _analysis(name: str):
 
 FILTERS = {"pct": pct, "num": num, "said": said, "detail": detail, "log": math.log}
 HELPERS = {"said": said, "detail": detail, "grouped": grouped, "names": names, "num": num, "signed": signed,
-           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "p": stats.format_p,
+           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "numeric": numeric, "p": stats.format_p,
            "isnan": math.isnan, "shown_diff": stats.shown_diff, "shown_margin": stats.shown_margin,
            "shown_detectable": stats.shown_detectable,
            "words": {"ahead": stats.AHEAD, "behind": stats.BEHIND, "equivalent": stats.EQUIVALENT,
