@@ -118,6 +118,10 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     model_path()  # the pretrained stage needs the [pretrained] extra: without it, fail here and say so
     _copy_project(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(REDUCED))
+    # the page that quotes the study's counts, quoting the reduced study's (checked by report --check below)
+    (tmp_path / "docs/reproduce.md").write_text(
+        "6 causal-LM runs (3 schemes × 2 seeds), 4 masked-LM runs (2 schemes × 2 seeds) and "
+        "3 retrieval runs (3 schemes × 1 seed).\n")
     first = _dvc(tmp_path, "repro")
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
 
@@ -297,7 +301,7 @@ def test_the_committed_lock_is_what_the_committed_code_and_params_make():
     changed since its committed ``dvc.lock`` was written: the committed results come from the
     committed code. The trained runs (``runs/``, read by ``publish``) are not committed, so a
     clone lacks them: that change alone is allowed."""
-    status = _dvc(REPO, "status", "--json")
+    status = _dvc(REPO, "status", "--json", "dvc.yaml")  # the default pipeline, not the profiles'
     assert status.returncode == 0, status.stderr[-2000:]
     stale = {}
     for stage, changes in json.loads(status.stdout or "{}").items():

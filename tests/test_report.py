@@ -71,7 +71,9 @@ def _retrieval_file(root):
 def _plant(root, none: list[float], zero_seeds: int) -> dict:
     """Plant the case a reviewer found worded "level with": at the longest length, NoPE's seeds
     ``none`` and sinusoidal at 0% in ``zero_seeds`` seeds; the family of that length is
-    recomputed as the summary stage computes it (``analysis.stats.against``)."""
+    recomputed as the summary stage computes it (``analysis.stats.against``), and the table the
+    report includes written again from it (``analysis.retrieval.table_markdown``)."""
+    from analysis.retrieval import table_markdown
     from analysis.stats import against
 
     path = _retrieval_file(root)
@@ -86,6 +88,8 @@ def _plant(root, none: list[float], zero_seeds: int) -> dict:
     for s, t in against({s: c["values"] for s, c in cells.items()}, doc["against"], "points", doc["margin"]).items():
         cells[s]["vs"] = t
     path.write_text(json.dumps(doc))
+    (path.parent.parent / "figures" / "retrieval_table.md").write_text(table_markdown(
+        {s: {**e, "lengths": {int(m): c for m, c in e["lengths"].items()}} for s, e in doc["schemes"].items()}))
     return cells["sinusoidal"]["vs"]
 
 
