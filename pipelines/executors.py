@@ -322,6 +322,15 @@ class Submitit:
             for h in self.running:
                 if not h.job.done():
                     h.job.cancel(check=False)
+            # a local job's cancel is a SIGINT, which a job was seen to outlive on a loaded
+            # machine: one still running a few seconds on is ended outright (slurm's scancel holds)
+            deadline = time.time() + 5
+            for h in self.running:
+                process = getattr(h.job, "_process", None)
+                while process is not None and process.poll() is None and time.time() < deadline:
+                    time.sleep(0.1)
+                if process is not None and process.poll() is None:
+                    process.kill()
         return False
 
     def submit(self, fn, *args, name: str | None = None) -> Job:
