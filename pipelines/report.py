@@ -29,7 +29,8 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -257,6 +258,21 @@ def numeric(keys) -> list[str]:
     return sorted(keys, key=float)
 
 
+def shared_rate(common: str) -> str | None:
+    """The learning rate every run of a study shares (``optim.lr=`` in its common overrides)."""
+    return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
+
+
+#: a verdict's verb in the plural, where it has one ("8 agree, 1 disagrees")
+PLURAL = {"agrees": "agree", "disagrees": "disagree"}
+
+
+def verdict_counts(claims: Sequence[Mapping]) -> str:
+    """How many claims earn each verdict, in words: "8 agree, 1 disagrees, 2 in part"."""
+    counts = Counter(c["verdict"] for c in claims)
+    return ", ".join(f"{n} {PLURAL.get(v, v) if n != 1 else v}" for v, n in sorted(counts.items()))
+
+
 def ranked(values: dict[str, float], reverse: bool = False) -> list[str]:
     """The keys of ``values`` by value."""
     return sorted(values, key=values.get, reverse=reverse)
@@ -276,7 +292,8 @@ def _analysis(name: str):
 
 FILTERS = {"pct": pct, "num": num, "said": said, "detail": detail, "log": math.log}
 HELPERS = {"said": said, "detail": detail, "grouped": grouped, "names": names, "num": num, "signed": signed,
-           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "numeric": numeric, "p": stats.format_p,
+           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "numeric": numeric, "shared_rate": shared_rate,
+           "verdict_counts": verdict_counts, "p": stats.format_p,
            "isnan": math.isnan, "shown_diff": stats.shown_diff, "shown_margin": stats.shown_margin,
            "shown_detectable": stats.shown_detectable,
            "words": {"ahead": stats.AHEAD, "behind": stats.BEHIND, "equivalent": stats.EQUIVALENT,
