@@ -292,8 +292,8 @@ def _analysis(name: str):
 
 FILTERS = {"pct": pct, "num": num, "said": said, "detail": detail, "log": math.log}
 HELPERS = {"said": said, "detail": detail, "grouped": grouped, "names": names, "num": num, "signed": signed,
-           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "numeric": numeric, "shared_rate": shared_rate,
-           "verdict_counts": verdict_counts, "p": stats.format_p,
+           "pct": pct, "pm": pm, "minutes": minutes, "at": at, "mean": mean, "ranked": ranked, "numeric": numeric,
+           "shared_rate": shared_rate, "verdict_counts": verdict_counts, "p": stats.format_p,
            "isnan": math.isnan, "shown_diff": stats.shown_diff, "shown_margin": stats.shown_margin,
            "shown_detectable": stats.shown_detectable,
            "words": {"ahead": stats.AHEAD, "behind": stats.BEHIND, "equivalent": stats.EQUIVALENT,
