@@ -5,7 +5,7 @@ single run whose overrides do not compose stops first with one line (exit 2, no
 traceback, nothing written); a refused run (``ConfigError``, ``DataError``) is one
 line too. Kept apart from ``posenc.train`` so that the command line can change
 without touching the code every training run goes through (the study's stages
-depend on that, ``posenc.fingerprint.STUDY_CORE``).
+depend on that, ``posenc.fingerprint.study_core``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,32 @@ from .train import train
 #: the job's name, which Hydra gives its log (``<run>/train.log``); by default Hydra would
 #: name it after the file that holds ``main``, this one
 JOB_NAME = "train"
+
+
+#: folders of conf/ that are no choice of a run: ``--help`` leaves them out, and a run refuses them
+NOT_A_RUN_GROUP = {
+    "executor": "where the study's jobs run (python -m pipelines.study --executor <preset>, or POSENC_EXECUTOR); "
+                "a run chooses its device with trainer=cpu, gpu or ddp",
+    "schema": "the schema conf/model/*.yaml extend, no choice of a run",
+    "hydra": "Hydra's own settings: python train.py --hydra-help",
+}
+
+
+def run_groups() -> dict[str, list[str]]:
+    """The config groups a run takes, with their options (``conf/<group>/<option>.yaml``)."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(Path(CONFIG_DIR).iterdir())
+            if d.is_dir() and d.name not in NOT_A_RUN_GROUP}
+
+
+def help_text(overrides: list[str]) -> str:
+    """``python train.py --help``: the groups a run takes and the config the overrides compose
+    (Hydra's own help would also list ``executor`` and ``schema``, which a run does not take)."""
+    from .config import compose
+
+    groups = "\n".join(f"{g}: {', '.join(options)}" for g, options in run_groups().items())
+    config = OmegaConf.to_yaml(compose([o for o in overrides if not o.lstrip("+~").startswith("hydra")]))
+    return (f"python train.py [group=option ...] [key=value ...]  (-m: a sweep; --hydra-help: Hydra's own flags)\n\n"
+            f"== Configuration groups ==\n{groups}\n\n== Config ==\n{config}")
 
 
 def refuse(error: Exception) -> None:
@@ -70,6 +96,10 @@ def composition_error(overrides: list[str]) -> str | None:
 
     # Hydra's own settings are not the run's, but its search path decides which options exist
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
+    for o in plain:
+        group = o.lstrip("+~").split("=", 1)[0].split("/")[0]
+        if group in NOT_A_RUN_GROUP and group != "hydra":
+            return f"error: {o}: {group} is no setting of a run: {NOT_A_RUN_GROUP[group]}"
     try:
         compose(plain)
         return None
@@ -79,8 +109,8 @@ def composition_error(overrides: list[str]) -> str | None:
             return f"error: {str(e).splitlines()[0]}"
         group, name = found.groups()
         roots = [CONFIG_DIR] + [r for o in plain if _is_searchpath(o) for r in re.findall(r"file://([^,\]]+)", o)]
-        options = ", ".join(sorted({p.stem for root in roots for p in Path(root, group).glob("*.yaml")}))
-        return f"error: {group}={name} is not an option; available: {options}"
+        options = sorted({p.stem for root in roots for p in Path(root, group).glob("*.yaml")})
+        return f"error: {group}={name} is not an option; {_closest(name, options)}available: {', '.join(options)}"
     except HydraException as e:
         cause = str(e.__cause__ or "")
         found = re.search(r"Could not override '([^']+)'", str(e))
@@ -90,6 +120,13 @@ def composition_error(overrides: list[str]) -> str | None:
         if key and cause:
             return f"error: {key.group(1)}: {cause.splitlines()[0]}"
         return f"error: {str(e).splitlines()[0]}"
+
+
+def _closest(name: str, options: list[str]) -> str:
+    """"did you mean 'rope'? " for ``RoPE`` or ``rop``, or nothing when no option is close."""
+    lower = {o.lower(): o for o in options}
+    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
+    return f"did you mean {lower[close[0]]!r}? " if close else ""
 
 
 def _is_searchpath(override: str) -> bool:
@@ -160,6 +197,11 @@ def cli() -> None:
         sys.argv.insert(at, f"hydra.job.name={JOB_NAME}")
     args = sys.argv[1:]
     flags = [a for a in args if a.startswith("-")]
+    if set(flags) & {"--help", "-h"}:
+        overrides = [a for a in args if not a.startswith("-")]
+        message = composition_error(overrides)
+        print(message or help_text(overrides), file=sys.stderr if message else sys.stdout)
+        sys.exit(2 if message else 0)
     if not flags or set(flags) <= {"-m", "--multirun"}:
         message = precheck(sweep_points(args) if flags else [args])
         if message:

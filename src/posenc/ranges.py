@@ -49,6 +49,8 @@ class Range:
             return None if fits else f"must be {self.describe()}"
         if self.whole and not float(value).is_integer():
             return f"must be {self.describe()}"
+        if self.whole and isinstance(value, float):  # `1e3` reads as 1000.0, which a count must not be
+            return f"must be {self.describe()}, written as one: {_show(value)}, not {value!r}"
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return f"must be {self.describe()}"
         if self.high is not None and (value >= self.high if self.high_open else value > self.high):
