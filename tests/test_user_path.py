@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,8 +127,13 @@ def test_runs_tell_themselves_apart(make_cfg, tmp_path):
     ("optim.lr=abc", "optim.lr=abc must be a number at least 0"),
     ("optim.betas=[0.9,1.5]", "optim.betas"),
     ("seed=x", "seed=x must be a whole number"),
-    ("encoding=nope", "encoding=nope is not an option; available: alibi, cape,"),
+    ("encoding=xyz", "encoding=xyz is not an option; available: alibi, cape,"),
     ("model.d_model=abc", "model.d_model: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("encoding=alibii", "encoding=alibii is not an option; did you mean 'alibi'? available: alibi,"),
+    ("encoding=RoPE", "did you mean 'rope'?"),
+    ("trainer.max_steps=1e3", "trainer.max_steps=1000.0 must be a whole number at least 1, written as one: 1000"),
+    ("executor=gpus", "executor=gpus: executor is no setting of a run: where the study's jobs run"),
+    ("+executor=gpus", "+executor=gpus: executor is no setting of a run"),
 ])
 def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, cache_dir, bad, setting):
     r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad)
@@ -216,10 +222,35 @@ def test_a_scheme_outside_the_tree_trains_from_the_command_line(tmp_path, data_r
 
     unknown = cli("encoding=minee")
     assert unknown.returncode == 2, unknown.stderr[-2000:]
-    assert unknown.stderr.strip().startswith("error: encoding=minee is not an option; available: ")
+    assert unknown.stderr.strip().startswith("error: encoding=minee is not an option; did you mean 'mine'? available: ")
     assert ", mine, " in unknown.stderr
     r = cli(*cli_overrides(cache_dir), "encoding=mine", "logger=null", "trainer.max_steps=2",
             "trainer.val_check_interval=2")
     assert r.returncode == 0, r.stderr[-3000:]
     (metrics,) = run_dir.glob("outputs/runs/*mine-lm-*/metrics.json")
     assert json.loads(metrics.read_text())["encoding"] == "mine"
+
+
+def test_help_lists_the_groups_a_run_takes(tmp_path, data_root, cache_dir):
+    """``--help`` names every group a run takes, with its options, and the composed config;
+    not the study's executors nor the model schema, which a run does not take."""
+    r = _cli(tmp_path, data_root, cache_dir, "encoding=alibi", "--help")
+    assert r.returncode == 0, r.stderr[-2000:]
+    groups = dict(line.split(": ", 1) for line in r.stdout.split("== Config ==")[0].splitlines()
+                  if ": " in line and not line.startswith("python"))
+    assert set(groups) == {"data", "encoding", "experiment", "logger", "model", "paths", "task", "trainer"}
+    assert "alibi" in groups["encoding"].split(", ") and "t5_bias" in groups["encoding"].split(", ")
+    assert "_target_: posenc.encodings.ALiBi" in r.stdout.split("== Config ==")[1]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_pipelines_pin_mkl_for_every_stage_and_job():
+    """``import pipelines`` (every stage command does) sets MKL's instruction set for the
+    stage and what it starts, unless the environment chose one."""
+    code = "import os, pipelines; print(os.environ['MKL_ENABLE_INSTRUCTIONS'])"
+    env = {k: v for k, v in os.environ.items() if k != "MKL_ENABLE_INSTRUCTIONS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "AVX2"
+    env["MKL_ENABLE_INSTRUCTIONS"] = "AVX512"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "AVX512"
