@@ -45,6 +45,7 @@ stage must not pay for them.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import multiprocessing as mp
@@ -82,15 +83,18 @@ def presets() -> list[str]:
 def resolve(spec: str | None) -> Path:
     """The settings file of ``spec`` (a preset's name, or a path ending in .yaml/.yml);
     ``None``: the environment's ``POSENC_EXECUTOR``, else ``pool``."""
+    given = f"{ENV}={os.environ[ENV]}: " if not spec and os.environ.get(ENV) else ""  # say where it came from
     spec = spec or os.environ.get(ENV) or "pool"
     if spec.endswith((".yaml", ".yml")):
         path = Path(spec).expanduser()
         if not path.is_file():
-            raise ConfigError(f"executor {spec}: no such file")
+            raise ConfigError(f"{given}executor {spec}: no such file")
         return path
     path = PRESETS / f"{spec}.yaml"
     if "/" in spec or not path.is_file():
-        raise ConfigError(f"unknown executor {spec!r}: the presets are {', '.join(presets())} "
+        close = difflib.get_close_matches(spec, presets(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{given}unknown executor {spec!r}: {hint}the presets are {', '.join(presets())} "
                           "(conf/executor/<name>.yaml), or give the path of your own .yaml")
     return path
 

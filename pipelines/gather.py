@@ -47,7 +47,7 @@ def check_provenance(run_files: dict[str, Path]) -> None:
     """Refuse to summarise results made with different shared code or settings.
 
     Every ``results/runs/<scheme>.json`` records (``provenance``) the digest of the
-    shared code (``posenc.fingerprint.STUDY_CORE``) and of the study's settings its
+    shared code (``posenc.fingerprint.study_core``) and of the study's settings its
     runs were made with. Results reused from an earlier run of the study (a scheme
     added later, a stage run with ``-s``) are comparable only when both agree."""
     groups: dict[tuple, list[str]] = {}

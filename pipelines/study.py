@@ -39,7 +39,7 @@ spent training and evaluating, and for the stage its start-up and wall time;
 the extrapolation rows of all seeds go to one file. It also records the machine
 (``posenc.machine``: the CPU and which matrix-multiply kernels it ran) and what the
 runs were made with (``provenance``): the digests of the shared code
-(``posenc.fingerprint.STUDY_CORE``), of the scheme (its fingerprint) and of the
+(``posenc.fingerprint.study_core``: the study stage's deps in dvc.yaml), of the scheme (its fingerprint) and of the
 study's settings (``--common``, ``--lm``, ``--mlm``, seeds, lengths and the
 data's token checksum; not ``--scheme-overrides``, ``--tasks``, ``--extensions``
 or the worker count), which the summaries compare before they put schemes in
@@ -281,11 +281,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parse_extension(spec)
         except ValueError as e:
             p.error(str(e))
-    try:  # where the jobs run: refused here, before anything runs or the runs folder is emptied
+    try:  # where the jobs run: refused here, in one line, before anything runs or the runs folder is emptied
         a.executor = executors.settings(a.executor)
     except ConfigError as e:
-        p.error(str(e))
+        raise SystemExit(refusal(e)) from None
     return a
+
+
+def refusal(why) -> int:
+    """Say in one line why the study refused to run (nothing was run or written); exit 2."""
+    print(f"study refused, nothing was run: {why}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,8 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         ex = executors.build(a.executor, workers=min(a.workers, n), threads=a.threads, preload=PRELOAD,
                              folder=runs.parent / ".submitit" / runs.name)  # beside the runs folder, not in it
     except ConfigError as e:
-        print(f"study refused, nothing was run: {e}", file=sys.stderr)
-        return 2
+        return refusal(e)
     if a.executor["kind"] != "pool" or a.executor["gpus"] is not None:
         print(f"{a.scheme}: {n} runs as {ex.banner()}", flush=True)
     done, failed = [], []
@@ -399,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         del r["rows"]
     if a.extrapolation and any(evaluation[t] == "lengths" for t in a.tasks):
         write_results(rows["lengths"], a.extrapolation)
+    elif a.extrapolation:  # no task scored at every length: no file of an earlier version stays as this one's
+        for old in (Path(a.extrapolation), Path(a.extrapolation).with_suffix(".json")):
+            old.unlink(missing_ok=True)
     if a.retrieval_results:  # without the task, a header alone (the stage's output all the same)
         from posenc.retrieval import write_rows
 

@@ -43,13 +43,15 @@ REDUCED = {
 }
 
 
-def _copy_project(dst: Path) -> None:
-    """The working tree as it is (tracked files and new ones git does not ignore), less results
-    and profiles (pipelines of their own, which a reduced study has not run)."""
+def _copy_project(dst: Path, results: bool = False) -> None:
+    """The working tree as it is (tracked files and new ones git does not ignore), less
+    profiles (pipelines of their own) and, unless ``results``, the committed results (which
+    a reduced study has not made)."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split()
+    left_out = ("profiles/",) if results else ("results/", "figures/", "profiles/")
     for f in files:
-        if (REPO / f).is_file() and not f.startswith(("results/", "figures/", "profiles/")):
+        if (REPO / f).is_file() and not f.startswith(left_out):
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dst / f)
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
@@ -314,3 +316,53 @@ def test_the_committed_lock_is_what_the_committed_code_and_params_make():
             else:
                 stale.setdefault(stage, {})[change] = True
     assert stale == {}, f"dvc.lock does not match the code: run `dvc repro` and commit the lock it writes: {stale}"
+
+
+def _stages_listed(root: Path) -> set[str]:
+    status = _dvc(root, "status", "--json", "dvc.yaml")
+    assert status.returncode == 0, status.stderr[-2000:]
+    return set(json.loads(status.stdout or "{}"))
+
+
+def test_editing_the_executor_plans_no_study_stage(tmp_path):
+    """The executor decides where a job runs, not what it computes: it is no dependency of
+    a result. In a copy of the project with its committed results, an edit of
+    ``pipelines/executors.py`` lists no stage in ``dvc status`` that was not listed before
+    (none, when the lock is current); an edit of the shared core lists every study stage."""
+    _copy_project(tmp_path, results=True)
+    before = _stages_listed(tmp_path)
+    with (tmp_path / "pipelines/executors.py").open("a") as f:
+        f.write("\nEDITED = True\n")
+    assert _stages_listed(tmp_path) == before
+    with (tmp_path / "src/posenc/model.py").open("a") as f:
+        f.write("\nEDITED = True\n")
+    schemes = yaml.safe_load((tmp_path / "params.yaml").read_text())["schemes"]
+    assert {f"study@{s}" for s in schemes} <= _stages_listed(tmp_path)
+
+
+def test_a_refused_study_stage_leaves_the_committed_results_as_they_were(tmp_path):
+    """DVC deletes a stage's outputs before its command runs, unless they persist. A study
+    stage refused for its executor (a misspelt ``POSENC_EXECUTOR``; with no CUDA device,
+    the ``gpus`` preset) fails in one line naming the cause, and every committed file of
+    the project is as it was, byte for byte."""
+    _copy_project(tmp_path, results=True)
+    files = lambda: {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in tmp_path.rglob("*")  # noqa: E731
+                     if p.is_file() and ".dvc" not in p.parts and ".git" not in p.parts}
+    before = files()
+    assert "results/runs/alibi.json" in before and "results/extrapolation/alibi.csv" in before
+    cases = {"gpu": "POSENC_EXECUTOR=gpu: unknown executor 'gpu': did you mean 'gpus'?"}
+    import torch
+
+    if not torch.cuda.is_available():
+        cases["gpus"] = "CUDA device(s) are visible"
+    for value, said in cases.items():
+        os.environ["POSENC_EXECUTOR"] = value
+        try:
+            out = _dvc(tmp_path, "repro", "--force", "-s", "study@alibi")
+        finally:
+            del os.environ["POSENC_EXECUTOR"]
+        assert out.returncode != 0
+        refusal = [line for line in out.stderr.splitlines() if line.startswith("study refused")]
+        assert len(refusal) == 1 and said in refusal[0], out.stderr[-2000:]
+        assert "usage:" not in out.stderr
+        assert files() == before

@@ -3,10 +3,10 @@ config, and the study's settings, each reduced to a digest.
 
 The study (``dvc.yaml``) gives every scheme a stage of its own. That stage must
 re-run when the code every scheme runs through changes (the model, attention,
-training, data; ``STUDY_CORE``) or when *its own* scheme changes, and not when
-another scheme is added or edited. The shared part is a list of files
-(``STUDY_CORE``, the same list the stages name as dependencies; a test keeps the
-two equal). The scheme's part cannot be a list of files: several schemes live in
+training, data; ``study_core``) or when *its own* scheme changes, and not when
+another scheme is added or edited. The shared part is a list of files: the study
+stage's dependencies in ``dvc.yaml``, which ``study_core`` reads, so that there is
+one list. The scheme's part cannot be a list of files: several schemes live in
 one module, and a scheme uses helpers from other modules. So it is computed:
 ``scheme_fingerprint`` follows the class named by ``conf/encoding/<name>.yaml``
 (``_target_``) to every function, class and module of the project it reaches
@@ -45,42 +45,15 @@ from . import CONFIG_DIR
 
 PROJECT_ROOT = Path(CONFIG_DIR).parent
 
-#: what every ``study@<scheme>`` stage depends on besides its own scheme, relative to the
-#: project root (files, or folders whose files all count). ``dvc.yaml`` lists the same
-#: paths as the stage's dependencies; ``tests/test_fingerprint.py`` keeps the two equal.
-STUDY_CORE = (
-    "src/posenc/__init__.py",
-    "src/posenc/attention.py",
-    "src/posenc/callbacks.py",
-    "src/posenc/data.py",
-    "src/posenc/encodings/base.py",
-    "src/posenc/errors.py",
-    "src/posenc/evaluate.py",
-    "src/posenc/files.py",
-    "src/posenc/machine.py",
-    "src/posenc/model.py",
-    "src/posenc/module.py",
-    "src/posenc/ranges.py",
-    "src/posenc/retrieval.py",
-    "src/posenc/targets.py",
-    "src/posenc/tasks.py",
-    "src/posenc/runs.py",
-    "src/posenc/tracking.py",
-    "src/posenc/train.py",
-    "src/posenc/config.py",
-    "pipelines/executors.py",
-    "pipelines/retrieval.py",
-    "pipelines/study.py",
-    "analysis/reach.py",
-    "conf/train.yaml",
-    "conf/data",
-    "conf/hydra",
-    "conf/logger",
-    "conf/model",
-    "conf/paths",
-    "conf/task",
-    "conf/trainer",
-)
+def study_core(root: Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """What every ``study@<scheme>`` stage depends on besides its own scheme: the stage's
+    ``deps`` in ``root/dvc.yaml`` (files, or folders whose files all count), less the
+    per-scheme ones (under ``results/``). ``dvc.yaml`` holds the one list; the profiles'
+    pipelines are made from it, and the provenance digest (``files_digest``) reads it here."""
+    import yaml
+
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["study"]["do"]
+    return tuple(d for d in stage["deps"] if isinstance(d, str) and not d.startswith("results/"))
 
 
 def sha256(data: str | bytes) -> str:
@@ -102,13 +75,15 @@ def _files(paths: Iterable[str], root: Path) -> list[Path]:
         elif p.is_file():
             out.append(p)
         else:
-            raise FileNotFoundError(f"{rel}: listed in STUDY_CORE but not in {root}")
+            raise FileNotFoundError(f"{rel}: a dependency of the study stages (dvc.yaml) but not in {root}")
     return out
 
 
-def files_digest(paths: Iterable[str] = STUDY_CORE, root: Path = PROJECT_ROOT) -> str:
-    """One digest of the contents of ``paths`` (files, or every file under a folder),
-    keyed by their paths relative to ``root``."""
+def files_digest(paths: Iterable[str] | None = None, root: Path = PROJECT_ROOT) -> str:
+    """One digest of the contents of ``paths`` (files, or every file under a folder; by
+    default the study's shared code, ``study_core``), keyed by their paths relative to
+    ``root``."""
+    paths = study_core(root) if paths is None else paths
     return json_digest({f.relative_to(root).as_posix(): sha256(f.read_bytes()) for f in _files(paths, root)})
 
 
