@@ -143,6 +143,14 @@ def samples(lm: Mapping, mlm: Mapping, retrieval: Mapping, reach_rows: Sequence[
 
 
 # ------------------------------------------------------------------ does a finding hold at another scale?
+def kendall_tables(a: Mapping[str, Mapping], b: Mapping[str, Mapping], top: int) -> list[dict]:
+    """Kendall's τ between the orderings of two studies for every table of ``TABLES``
+    (``a`` and ``b`` as ``samples`` gives them), with its bootstrap interval and the schemes
+    that move (``compare``); ``top`` names the longest length in the labels."""
+    return [{"key": key, "label": label.format(top=top), "resamples": RESAMPLES,
+             **compare(a[key], b[key], better, resamples=RESAMPLES)} for key, label, better in TABLES]
+
+
 def holds(a: Mapping, b: Mapping, names: tuple[str, str] = ("the first", "the second")) -> str:
     """Whether a comparison's verdict at one scale (``a``, a test of ``analysis.stats.family``)
     holds at another (``b``): "holds" (the same word), "reversed" (decided in opposite

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 
 from posenc.files import write_json
@@ -42,6 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     write_json(record, {"stage": record.stem, "started": round(started, 2), "finished": round(finished, 2),
                         "seconds": round(finished - started, 2)})
     return 0
+
+
+def wall(records: Mapping[str, Mapping]) -> dict:
+    """A repro's wall time from its stages' records ({stage: record}): ``span`` from the first
+    stage's start to the last one's end, ``one_sitting`` (no gap of more than 10 minutes
+    between stages: the span is one repro's), ``stages`` (their seconds in all), the seconds
+    per kind of stage (``study@alibi`` is a ``study``), and the ``date`` of the last end."""
+    spans = sorted((r["started"], r["finished"]) for r in records.values())
+    reach, gaps = spans[0][1], []
+    for start, end in spans[1:]:
+        gaps.append(start - reach)
+        reach = max(reach, end)
+    kinds: dict[str, float] = {}
+    for stage, r in records.items():
+        kinds[stage.split("@")[0]] = kinds.get(stage.split("@")[0], 0.0) + r["seconds"]
+    finished = max(r["finished"] for r in records.values())
+    return {"span": reach - spans[0][0], "one_sitting": all(g < 600 for g in gaps),
+            "stages": sum(r["seconds"] for r in records.values()), "kinds": kinds,
+            "date": datetime.fromtimestamp(finished, timezone.utc).strftime("%Y-%m-%d")}
 
 
 if __name__ == "__main__":

@@ -96,3 +96,13 @@ def test_every_command_line_lives_in_pipelines_or_the_package_entry_points():
     """``analysis/`` computes and draws; its command lines are ``pipelines.*`` modules."""
     cli = re.compile(r"^(import argparse|if __name__ == .__main__.:)", re.M)
     assert [p.name for p in sorted((REPO / "analysis").glob("*.py")) if cli.search(p.read_text())] == []
+
+
+def test_the_report_renders_and_analysis_computes():
+    """``pipelines/report.py`` is a renderer: short, with no statistics of its own (no scipy,
+    statsmodels or numpy; its tests, verdicts and their words come from ``analysis``), and its
+    results are read through one table of files (``pipelines.results.FILES``)."""
+    text = (REPO / "pipelines/report.py").read_text()
+    assert len(text.splitlines()) < 300
+    assert not re.search(r"^\s*(import|from)\s+(scipy|statsmodels|numpy|pandas)\b", text, re.M)
+    assert "cached_property" not in text

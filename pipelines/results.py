@@ -1,0 +1,135 @@
+"""A study's results, read as the report's templates ask for them: ``Study`` reads each
+file of ``FILES`` (one table: the name a template uses, the file it reads) when a template
+first asks for it, and refuses a missing file, naming it. The default study sits at the
+project root, a profile under ``profiles/<name>/``. ``pipelines.report`` renders from these.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+#: a study's results files, by the name a template reads them with (``study.lm``)
+FILES = {"params": "params.yaml", "mlflow": "results/mlflow_study.json", "prepare": "results/prepare.json",
+         "timing": "results/timing.json", "lm": "results/lm_table.json", "mlm": "results/mlm_table.json",
+         "correlations": "results/correlations.json", "retrieval": "results/retrieval_table.json",
+         "minilm": "results/pretrained_minilm.json", "bench": "figures/bench/bench.json",
+         "buckets": "results/buckets.json"}
+
+
+class ReportError(Exception):
+    """A result a template needs is missing, or a generated file is out of date."""
+
+
+class Study:
+    """The results of one study (the default one at the project root, or a profile under
+    ``profiles/<name>/``): each file of ``FILES`` read when a template first asks for it."""
+
+    def __init__(self, root: Path, name: str = "default"):
+        self.root, self.name = Path(root), name
+
+    def __getattr__(self, key: str):
+        if key not in FILES:
+            raise AttributeError(key)
+        path = self.path(FILES[key])
+        value = yaml.safe_load(path.read_text()) if path.suffix == ".yaml" else json.loads(path.read_text())
+        setattr(self, key, value)  # read once
+        return value
+
+    def path(self, rel: str) -> Path:
+        p = self.root / rel
+        if not p.exists():
+            raise ReportError(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: no such results file "
+                              f"(run the study: dvc repro)")
+        return p
+
+    def has(self, key: str) -> bool:
+        return (self.root / FILES[key]).exists()
+
+    @functools.cached_property
+    def runs(self) -> dict[str, dict]:
+        """{scheme: its study stage's record} for the study's schemes."""
+        return {s: json.loads(self.path(f"results/runs/{s}.json").read_text()) for s in self.params["schemes"]}
+
+    @functools.cached_property
+    def reach_rows(self) -> list[dict]:
+        """The rows of ``results/reach.csv`` (one per scheme, seed, length, layer and head)."""
+        import pandas as pd
+
+        return pd.read_csv(self.path("results/reach.csv")).to_dict("records")
+
+    @functools.cached_property
+    def reach(self) -> dict:
+        """{scheme: {multiple: {distance, entropy, uniform_distance, uniform_entropy, seeds}}}."""
+        from analysis.reach import summary
+
+        out: dict = {}
+        for r in summary(self.reach_rows).to_dict("records"):
+            out.setdefault(r["scheme"], {})[str(int(r["multiple"]))] = r
+        return out
+
+    @property
+    def top(self) -> int:
+        """The longest evaluation length, as a multiple of L."""
+        return max(int(m) for m in str(self.params["lm"]["multipliers"]).split())
+
+    def seeds(self, task: str) -> list[str]:
+        """The seeds of a task's runs in this study."""
+        own = (self.params.get(task) or {}).get("seeds")
+        return str(own if own is not None else self.params["seeds"]).split()
+
+    def link(self, rel: str) -> str:
+        """A relative link from ``docs/`` to one of this study's files (figures, tables)."""
+        where = self.root.relative_to(self.root.parent.parent) if self.name != "default" else Path(".")
+        return (Path("..") / where / rel).as_posix()
+
+    def table(self, name: str) -> str:
+        """A generated Markdown table (``figures/<name>.md``), as the stage wrote it."""
+        return self.path(f"figures/{name}.md").read_text().rstrip("\n")
+
+    @functools.cached_property
+    def times(self) -> dict[str, dict]:
+        """{stage: {started, finished, seconds}} of every stage that recorded its time."""
+        folder = self.path("results/times")
+        return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+    @functools.cached_property
+    def wall(self) -> dict:
+        """The repro's wall time from the stages' records (``pipelines.timed.wall``)."""
+        from pipelines.timed import wall
+
+        if not self.times:
+            raise ReportError(f"{self.root / 'results/times'}: no stage recorded its time")
+        return wall(self.times)
+
+    def samples(self, retrieval: Study | None = None) -> dict:
+        """Every table of ``analysis.scales.TABLES`` as {scheme: per-seed values}; the retrieval
+        table from ``retrieval`` when given (a profile of its own holds more seeds)."""
+        from analysis.scales import samples
+
+        return samples(self.lm, self.mlm, (retrieval or self).retrieval, self.reach_rows, self.correlations, self.top)
+
+    @functools.cached_property
+    def machines(self) -> list[dict]:
+        """The distinct machines the study stages recorded (one, when a repro made them all)."""
+        seen: list[dict] = []
+        for record in self.runs.values():
+            m = record.get("machine")
+            if m and m not in seen:
+                seen.append(m)
+        return seen
+
+    @functools.cached_property
+    def code(self) -> list[str]:
+        """The distinct digests of the shared code the study stages recorded."""
+        return sorted({(r.get("provenance") or {}).get("core", "not recorded") for r in self.runs.values()})
+
+    @property
+    def margins(self) -> dict:
+        return {"lm": self.params["lm_table"]["margin"], "retrieval": self.params["retrieval_table"]["margin"]}
