@@ -123,10 +123,10 @@ def _cli(tmp_path, data_root, cache_dir, *args, timeout=600):
 
 
 def test_unknown_encoding_lists_options_and_writes_nothing(tmp_path, data_root, cache_dir):
-    r = _cli(tmp_path, data_root, cache_dir, "encoding=nope")
+    r = _cli(tmp_path, data_root, cache_dir, "encoding=xyz")
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: encoding=nope is not an option; available: ")
+    assert line.startswith("error: encoding=xyz is not an option; available: ")
     assert "rope" in line and "alibi" in line  # the available options are listed
     assert list(tmp_path.iterdir()) == []
 
