@@ -135,7 +135,7 @@ def combine(verdicts: Sequence[str]) -> str:
 
 def against_papers(literature: Mapping, study, profiles: Mapping) -> list[dict]:
     """Every claim of ``literature`` with its tests, verdict and reason (see the module doc).
-    ``study`` is the default study (``pipelines.report.Study``: its ``lm``, ``correlations``,
+    ``study`` is the default study (``pipelines.results.Study``: its ``lm``, ``correlations``,
     ``minilm``, ``params``, ``top``), ``profiles`` {name: Study}; the retrieval tests read the
     ``retrieval-seeds`` profile when it has results."""
     lm, top = study.lm, study.top

@@ -186,7 +186,7 @@ def depends_on_scale(verdict: str) -> bool:
 
 
 def findings(a, b, retrieval_a=None, retrieval_b=None) -> list[dict]:
-    """The comparisons the report states of study ``a`` (``pipelines.report.Study``), each with its
+    """The comparisons the report states of study ``a`` (``pipelines.results.Study``), each with its
     verdict at ``b`` from ``b``'s own tables: every LM row against the LM reference, the masked-LM
     question against each scheme it is tested against, and retrieval against its reference at 4L
     and the longest length (read from ``retrieval_a`` / ``retrieval_b`` when given: studies with
