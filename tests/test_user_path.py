@@ -224,6 +224,9 @@ def test_a_scheme_outside_the_tree_trains_from_the_command_line(tmp_path, data_r
     assert unknown.returncode == 2, unknown.stderr[-2000:]
     assert unknown.stderr.strip().startswith("error: encoding=minee is not an option; did you mean 'mine'? available: ")
     assert ", mine, " in unknown.stderr
+    shown = cli("encoding=mine", "--help")  # the help composes with the same search path
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert ", mine, " in shown.stdout and "name: mine" in shown.stdout
     r = cli(*cli_overrides(cache_dir), "encoding=mine", "logger=null", "trainer.max_steps=2",
             "trainer.val_check_interval=2")
     assert r.returncode == 0, r.stderr[-3000:]

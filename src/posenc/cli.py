@@ -40,10 +40,12 @@ NOT_A_RUN_GROUP = {
 }
 
 
-def run_groups() -> dict[str, list[str]]:
-    """The config groups a run takes, with their options (``conf/<group>/<option>.yaml``)."""
-    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(Path(CONFIG_DIR).iterdir())
-            if d.is_dir() and d.name not in NOT_A_RUN_GROUP}
+def run_groups(overrides: list[str] = ()) -> dict[str, list[str]]:
+    """The config groups a run takes, with their options (``conf/<group>/<option>.yaml``, and
+    those of the folders a ``hydra.searchpath`` override adds)."""
+    roots = config_roots(overrides)
+    groups = sorted({d.name for d in Path(CONFIG_DIR).iterdir() if d.is_dir()} - set(NOT_A_RUN_GROUP))
+    return {g: options(g, roots) for g in groups}
 
 
 def help_text(overrides: list[str]) -> str:
@@ -51,8 +53,8 @@ def help_text(overrides: list[str]) -> str:
     (Hydra's own help would also list ``executor`` and ``schema``, which a run does not take)."""
     from .config import compose
 
-    groups = "\n".join(f"{g}: {', '.join(options)}" for g, options in run_groups().items())
-    config = OmegaConf.to_yaml(compose([o for o in overrides if not o.lstrip("+~").startswith("hydra")]))
+    groups = "\n".join(f"{g}: {', '.join(names)}" for g, names in run_groups(overrides).items())
+    config = OmegaConf.to_yaml(compose(run_overrides(overrides)))
     return (f"python train.py [group=option ...] [key=value ...]  (-m: a sweep; --hydra-help: Hydra's own flags)\n\n"
             f"== Configuration groups ==\n{groups}\n\n== Config ==\n{config}")
 
@@ -94,8 +96,7 @@ def composition_error(overrides: list[str]) -> str | None:
 
     from .config import compose
 
-    # Hydra's own settings are not the run's, but its search path decides which options exist
-    plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
+    plain = run_overrides(overrides)
     for o in plain:
         group = o.lstrip("+~").split("=", 1)[0].split("/")[0]
         if group in NOT_A_RUN_GROUP and group != "hydra":
@@ -108,9 +109,8 @@ def composition_error(overrides: list[str]) -> str | None:
         if not found:
             return f"error: {str(e).splitlines()[0]}"
         group, name = found.groups()
-        roots = [CONFIG_DIR] + [r for o in plain if _is_searchpath(o) for r in re.findall(r"file://([^,\]]+)", o)]
-        options = sorted({p.stem for root in roots for p in Path(root, group).glob("*.yaml")})
-        return f"error: {group}={name} is not an option; {_closest(name, options)}available: {', '.join(options)}"
+        found = options(group, config_roots(plain))
+        return f"error: {group}={name} is not an option; {_closest(name, found)}available: {', '.join(found)}"
     except HydraException as e:
         cause = str(e.__cause__ or "")
         found = re.search(r"Could not override '([^']+)'", str(e))
@@ -131,6 +131,22 @@ def _closest(name: str, options: list[str]) -> str:
 
 def _is_searchpath(override: str) -> bool:
     return override.lstrip("+~").startswith("hydra.searchpath")
+
+
+def config_roots(overrides: list[str]) -> list[str]:
+    """The config folders a run composes from: the project's, and each ``hydra.searchpath`` adds."""
+    return [CONFIG_DIR] + [r for o in overrides if _is_searchpath(o) for r in re.findall(r"file://([^,\]]+)", o)]
+
+
+def options(group: str, roots: list[str]) -> list[str]:
+    """The options of a config group (``<root>/<group>/<option>.yaml``) over ``roots``."""
+    return sorted({p.stem for root in roots for p in Path(root, group).glob("*.yaml")})
+
+
+def run_overrides(overrides: list[str]) -> list[str]:
+    """The overrides that compose a run's config: Hydra's own settings are not the run's,
+    but its search path decides which options exist."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
 
 
 def _misspelt(key: str, overrides: list[str]) -> str:
@@ -173,7 +189,7 @@ def precheck(points: list[list[str]]) -> str | None:
         where = f"sweep point {i + 1} of {len(points)} ({shown})" if len(points) > 1 else ""
         message = composition_error(point)
         if message is None:
-            plain = [o for o in point if not o.lstrip("+~").startswith("hydra") or _is_searchpath(o)]
+            plain = run_overrides(point)
             try:
                 check_config(compose(plain))
             except ConfigError as e:
