@@ -32,10 +32,9 @@ from pathlib import Path
 import yaml
 
 from analysis import stats, words
-from pipelines.results import ReportError, Study
+from pipelines.results import ROOT, ReportError, Study
 from posenc.files import write_text
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = "docs/templates"
 LITERATURE = "docs/literature.yaml"
 REPORT = "docs/results.md"

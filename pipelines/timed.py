@@ -58,7 +58,8 @@ def wall(records: Mapping[str, Mapping]) -> dict:
         reach = max(reach, end)
     kinds: dict[str, float] = {}
     for stage, r in records.items():
-        kinds[stage.split("@")[0]] = kinds.get(stage.split("@")[0], 0.0) + r["seconds"]
+        kind = stage.split("@")[0]
+        kinds[kind] = kinds.get(kind, 0.0) + r["seconds"]
     finished = max(r["finished"] for r in records.values())
     return {"span": reach - spans[0][0], "one_sitting": all(g < 600 for g in gaps),
             "stages": sum(r["seconds"] for r in records.values()), "kinds": kinds,
