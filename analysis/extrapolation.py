@@ -203,9 +203,36 @@ def plot(
     train_lens = sorted(int(x) for x in df["train_len"].unique())
 
     sns.set_theme(style="whitegrid", context="notebook")
+    fig, gs, axes = _grid(families, columns, train_lens, ref)
+    notes = _not_applicable(df, drawn, train_lens)
+    for i, L in enumerate(train_lens):
+        _length_rows(axes[2 * i: 2 * i + 2], df[df["train_len"] == L], L, len(train_lens) > 1, columns, families,
+                     st, ref)
+    for c, fam in enumerate(columns):  # one legend per column, in a row of its own under the panels
+        lax = fig.add_subplot(gs[-1, c])
+        lax.axis("off")
+        handles = [legend_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
+        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
+        handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members)]
+        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
+                   columnspacing=1.2, borderaxespad=0.0)  # fmt: skip
+    fig.suptitle(title or f"Train short, test long: perplexity vs evaluation length, by family\n"
+                 f"{_detail(df, method, train_lens)}", fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")
+    legend_notes = ["dashed: a context-extension rule of RoPE (rope+<rule>)"] if any("+" in s for s in drawn) else []
+    if ref is not None and columns != ["none"]:
+        legend_notes.insert(0, "grey dotted: none (NoPE), the reference, repeated in every panel")
+    fig.text(0.01, 0.0, "\n".join(legend_notes + notes), fontsize=8, va="top", color="0.3")
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
+    return fig, save_figure(fig, stem, bbox_inches="tight")
+
+
+def _grid(families: dict, columns: list[str], train_lens: list[int], ref: str | None):
+    """The figure, its grid and its axes: per training length a perplexity row and a ratio
+    row (axes[2i], axes[2i + 1]) sharing x, a spacer row under them for the ratio row's x labels,
+    and a row for the legends at the bottom; the columns share y."""
     n_legend = max(len(families[f]) + (ref is not None and f != "none") for f in columns)
     legend_h = 0.05 + 0.22 * int(np.ceil(n_legend / 2))
-    # per training length: perplexity, ratio, and a spacer row for the ratio row's x labels
     heights = [h for i in range(len(train_lens)) for h in (3.3, 2.4, 0.75 if i == len(train_lens) - 1 else 1.25)]
     heights.append(legend_h)
     fig = plt.figure(figsize=(0.6 + 3.9 * len(columns), sum(heights) + 1.1))
@@ -220,7 +247,11 @@ def plot(
     for i in range(len(train_lens)):
         for c in range(len(columns)):
             fig.add_subplot(gs[3 * i + 2, c]).axis("off")
+    return fig, gs, axes
 
+
+def _not_applicable(df, drawn: list[str], train_lens: list[int]) -> list[str]:
+    """The figure's notes: lengths where a scheme has no perplexity, and schemes with no ratio."""
     notes = []
     for s in drawn:
         for L in train_lens:
@@ -231,56 +262,52 @@ def plot(
                 notes.append(f"{s} (L={L}): not applicable at {', '.join(map(str, lens))}")
             if len(sub) and not np.isfinite(sub["ppl_at_L"]).any():
                 notes.append(f"{s} (L={L}): no perplexity at L, so no ratio")
-    for i, L in enumerate(train_lens):
-        sub = df[df["train_len"] == L]
-        ok = sub[np.isfinite(sub["ppl"])]
-        multi_seed = bool(len(ok)) and ok.groupby(["scheme", "eval_len"])["seed"].nunique().max() > 1
-        ticks = sorted(int(x) for x in sub["eval_len"].unique())
-        for c, fam in enumerate(columns):
-            ax_p, ax_r = axes[2 * i, c], axes[2 * i + 1, c]
-            members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
-            for ax, y in ((ax_p, "ppl"), (ax_r, "ratio")):
-                if ref is not None and fam != "none":
-                    _draw(ax, sub[sub["scheme"] == ref], y, st[ref], multi_seed, reference=True)
-                for rank, s in enumerate(members):
-                    _draw(ax, sub[sub["scheme"] == s], y, st[s], multi_seed, rank=rank)
-                ax.axvline(L, color="0.3", ls="--", lw=1.1, gid=TRAIN_LEN_GID, label="_train_len", zorder=1)
-                ax.set_xscale("log", base=2)
-                ax.xaxis.set_major_locator(FixedLocator(ticks))
-                ax.xaxis.set_minor_locator(NullLocator())
-                ax.set_xlim(ticks[0] / 2**0.25, ticks[-1] * 2**0.25)
-                if c == 0:
-                    ax.set_ylabel(PPL_LABEL if y == "ppl" else RATIO_LABEL, fontsize=9.5)
-                else:
-                    ax.set_ylabel("")
-                    ax.tick_params(labelleft=False)
-            ax_r.axhline(1.0, color="0.2", lw=0.9, gid=RATIO_ONE_GID, zorder=1)
-            ax_r.set_xticks(ticks, [f"{t}\n({t // L}L)" if t % L == 0 else str(t) for t in ticks])
-            ax_r.set_xlabel("evaluation length T (tokens)")
-            ax_p.tick_params(labelbottom=False)
-            ax_p.set_xlabel("")
-            ax_p.text(L, 0.98, " L", transform=ax_p.get_xaxis_transform(), va="top", ha="left", color="0.3")
-            head = FAMILY_TITLES.get(fam, fam)
-            ax_p.set_title(head if len(train_lens) == 1 else f"{head}\ntrained at L = {L}", fontsize=11)
-        # log axes with readable ticks, once the shared row has all its data
-        for r in (2 * i, 2 * i + 1):
-            for ax in axes[r]:
-                ax.set_yscale("log")
-            log_axis(axes[r, 0])
-    # one legend per column, in a row of its own under the panels
-    for c, fam in enumerate(columns):
-        lax = fig.add_subplot(gs[-1, c])
-        lax.axis("off")
-        handles = [legend_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
-        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
-        handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members)]
-        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
-                   columnspacing=1.2, borderaxespad=0.0)  # fmt: skip
+    return notes
 
+
+def _length_rows(rows, sub, L: int, several: bool, columns: list[str], families: dict, st: dict, ref: str | None):
+    """The perplexity and ratio rows (``rows``: two rows of axes) of one training length L."""
+    ok = sub[np.isfinite(sub["ppl"])]
+    multi_seed = bool(len(ok)) and ok.groupby(["scheme", "eval_len"])["seed"].nunique().max() > 1
+    ticks = sorted(int(x) for x in sub["eval_len"].unique())
+    for c, fam in enumerate(columns):
+        ax_p, ax_r = rows[0, c], rows[1, c]
+        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
+        for ax, y in ((ax_p, "ppl"), (ax_r, "ratio")):
+            if ref is not None and fam != "none":
+                _draw(ax, sub[sub["scheme"] == ref], y, st[ref], multi_seed, reference=True)
+            for rank, s in enumerate(members):
+                _draw(ax, sub[sub["scheme"] == s], y, st[s], multi_seed, rank=rank)
+            ax.axvline(L, color="0.3", ls="--", lw=1.1, gid=TRAIN_LEN_GID, label="_train_len", zorder=1)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlim(ticks[0] / 2**0.25, ticks[-1] * 2**0.25)
+            if c == 0:
+                ax.set_ylabel(PPL_LABEL if y == "ppl" else RATIO_LABEL, fontsize=9.5)
+            else:
+                ax.set_ylabel("")
+                ax.tick_params(labelleft=False)
+        ax_r.axhline(1.0, color="0.2", lw=0.9, gid=RATIO_ONE_GID, zorder=1)
+        ax_r.set_xticks(ticks, [f"{t}\n({t // L}L)" if t % L == 0 else str(t) for t in ticks])
+        ax_r.set_xlabel("evaluation length T (tokens)")
+        ax_p.tick_params(labelbottom=False)
+        ax_p.set_xlabel("")
+        ax_p.text(L, 0.98, " L", transform=ax_p.get_xaxis_transform(), va="top", ha="left", color="0.3")
+        head = FAMILY_TITLES.get(fam, fam)
+        ax_p.set_title(f"{head}\ntrained at L = {L}" if several else head, fontsize=11)
+    for row in rows:  # log axes with readable ticks, once the shared row has all its data
+        for ax in row:
+            ax.set_yscale("log")
+        log_axis(row[0])
+
+
+def _detail(df, method: str, train_lens: list[int]) -> str:
+    """The title's second line: corpus and split, method, L, and the seeds averaged."""
     seeds = df.groupby("scheme")["seed"].nunique()
     seed_txt = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     corpus = ", ".join(sorted(df["corpus"].dropna().unique())) if "corpus" in df else ""
-    detail = ", ".join(
+    return ", ".join(
         x for x in (f"{corpus} {df['split'].iloc[0]}" if corpus and "split" in df else corpus,
                     METHOD_LABELS.get(method, method),
                     f"trained at L = {train_lens[0]}" if len(train_lens) == 1 else "",
@@ -288,12 +315,3 @@ def plot(
                     + (" with 95% CI" if seeds.max() > 1 else ""))
         if x
     )  # fmt: skip
-    fig.suptitle(title or f"Train short, test long: perplexity vs evaluation length, by family\n{detail}",
-                 fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")  # fmt: skip
-    legend_notes = ["dashed: a context-extension rule of RoPE (rope+<rule>)"] if any("+" in s for s in drawn) else []
-    if ref is not None and columns != ["none"]:
-        legend_notes.insert(0, "grey dotted: none (NoPE), the reference, repeated in every panel")
-    fig.text(0.01, 0.0, "\n".join(legend_notes + notes), fontsize=8, va="top", color="0.3")
-    out = Path(out)
-    stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
-    return fig, save_figure(fig, stem, bbox_inches="tight")

@@ -56,11 +56,11 @@ def run_records(studies: Sequence[dict]) -> pd.DataFrame:
     """The retrieval runs (those of a task scored on the grid, ``posenc.tasks``) of the study stages' results (``results/runs/<scheme>.json``,
     read): scheme, seed, the steps trained and the step the criterion was reached at
     (NaN when the cap came first)."""
-    from posenc.tasks import load
+    from posenc.tasks import Retrieval, load
 
     rows = [{"scheme": r["scheme"], "seed": int(r["seed"]), "steps": int(r["global_step"]),
              "criterion_step": r.get("criterion_step", math.nan)}
-            for study in studies for r in study["runs"] if load(r["task"]).evaluation == "grid"]
+            for study in studies for r in study["runs"] if isinstance(load(r["task"]), Retrieval)]
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
 
@@ -256,6 +256,45 @@ def plot_grid(df: pd.DataFrame, stem: str | Path, marked: Sequence[str] = ()) ->
     return save_figure(fig, stem, bbox_inches="tight")
 
 
+def _family_panel(ax, row: dict, ref: str | None, members: list[str], st: dict, lengths: Sequence[int], L: int,
+                  fam: str) -> None:
+    """One panel of ``_family_figure``: the reference (in every family but NoPE's), the family's
+    members, L marked, the log2 length axis; then the row's own ``finish``."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    if ref is not None and fam != "none":
+        row["draw"](ax, ref, st[ref], 0, True)
+    for rank, name in enumerate(members):
+        row["draw"](ax, name, st[name], rank, False)
+    ax.axvline(L, color="0.3", ls="--", lw=1.1, zorder=1)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(lengths[0] / 2**0.25, lengths[-1] * 2**0.25)
+    ax.grid(True, alpha=0.3)
+    if row.get("finish"):
+        row["finish"](ax)
+
+
+def _panel_labels(ax, row: dict, fam: str, first_column: bool, top: bool, bottom: bool, lengths: Sequence[int],
+                  L: int) -> None:
+    """A panel's labels: y on the first column, x (lengths and their multiples of L) on the
+    bottom row, the family's title on the top row."""
+    from .style import FAMILY_TITLES
+
+    if first_column:
+        ax.set_ylabel(row["ylabel"], fontsize=9.5)
+    else:
+        ax.tick_params(labelleft=False)
+    if bottom:
+        ax.set_xticks(lengths, [f"{t}\n({t // L}L)" for t in lengths])
+        ax.set_xlabel("evaluation length T (tokens)")
+    else:
+        ax.tick_params(labelbottom=False)
+    if top:
+        ax.set_title(FAMILY_TITLES.get(fam, fam), fontsize=11)
+
+
 def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence[int], L: int, title: str,
                    notes: Sequence[str] = ()):
     """Small multiples by family, as the extrapolation figure draws them: one column
@@ -265,10 +304,9 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
     axis with the training length L marked, and a legend per column under the panels.
     A row with ``"log": True`` gets a log y axis with readable ticks (``log_axis``)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullLocator
 
     from .extrapolation import REFERENCE, legend_handle, log_axis
-    from .style import FAMILY_TITLES, by_family
+    from .style import by_family
 
     families = by_family(names)
     ref = REFERENCE if REFERENCE in names else None
@@ -285,29 +323,8 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
         for c, fam in enumerate(columns):
             ax = axes[r, c] = fig.add_subplot(gs[r, c], sharey=axes[r, 0] if c else None,
                                               sharex=axes[0, c] if r else None)
-            if ref is not None and fam != "none":
-                row["draw"](ax, ref, st[ref], 0, True)
-            for rank, name in enumerate(members[fam]):
-                row["draw"](ax, name, st[name], rank, False)
-            ax.axvline(L, color="0.3", ls="--", lw=1.1, zorder=1)
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_locator(FixedLocator(lengths))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.set_xlim(lengths[0] / 2**0.25, lengths[-1] * 2**0.25)
-            ax.grid(True, alpha=0.3)
-            if row.get("finish"):
-                row["finish"](ax)
-            if c == 0:
-                ax.set_ylabel(row["ylabel"], fontsize=9.5)
-            else:
-                ax.tick_params(labelleft=False)
-            if r == len(rows) - 1:
-                ax.set_xticks(lengths, [f"{t}\n({t // L}L)" for t in lengths])
-                ax.set_xlabel("evaluation length T (tokens)")
-            else:
-                ax.tick_params(labelbottom=False)
-            if r == 0:
-                ax.set_title(FAMILY_TITLES.get(fam, fam), fontsize=11)
+            _family_panel(ax, row, ref, members[fam], st, lengths, L, fam)
+            _panel_labels(ax, row, fam, first_column=c == 0, top=r == 0, bottom=r == len(rows) - 1, lengths=lengths, L=L)
     for r, row in enumerate(rows):  # once the shared row holds all its data
         if row.get("log"):
             for ax in axes[r]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from analysis import stats
 
-__all__ = ["said", "detail", "grouped", "names", "num", "signed", "pct", "pm", "minutes", "at", "mean", "numeric", "shared_rate", "verdict_counts", "ranked"]
+__all__ = ["said", "detail", "grouped", "names", "num", "signed", "pct", "pm", "minutes", "at", "mean", "numeric", "shared_rate", "verdict_counts", "ranked", "setting"]
 
 def said(t: dict | None, reference: bool = True) -> str:
     """A comparison's verdict in words: "behind `alibi`", "behind `alibi`, within ±5%",
@@ -116,3 +116,9 @@ def verdict_counts(claims: Sequence[Mapping]) -> str:
 def ranked(values: dict[str, float], reverse: bool = False) -> list[str]:
     """The keys of ``values`` by value."""
     return sorted(values, key=values.get, reverse=reverse)
+
+
+def setting(overrides: str, key: str) -> str:
+    """The value a string of Hydra overrides gives ``key`` (``data.eval_batch_size=640`` -> "640"),
+    or "?" when it gives none."""
+    return next((o.split("=", 1)[1] for o in str(overrides).split() if o.split("=", 1)[0] == key), "?")

@@ -44,7 +44,7 @@ def reach_task(names) -> str | None:
     """Of the tasks ``names``, the one whose runs attention reach reads: scored at every length."""
     from posenc.tasks import load
 
-    return next((t for t in sorted(set(names)) if load(t).evaluation == "lengths"), None)
+    return next((t for t in sorted(set(names)) if load(t).results == "extrapolation"), None)
 
 
 def checkpoints(runs_file: str | Path, choose=first_layer_task) -> list[Path]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from posenc.tasks import multipliers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,7 +22,7 @@ FILES = {"params": "params.yaml", "mlflow": "results/mlflow_study.json", "prepar
          "timing": "results/timing.json", "lm": "results/lm_table.json", "mlm": "results/mlm_table.json",
          "correlations": "results/correlations.json", "retrieval": "results/retrieval_table.json",
          "minilm": "results/pretrained_minilm.json", "bench": "figures/bench/bench.json",
-         "buckets": "results/buckets.json"}
+         "buckets": "results/buckets.json", "tasks": "results/tasks_table.json"}
 
 
 class ReportError(Exception):
@@ -77,12 +79,11 @@ class Study:
     @property
     def top(self) -> int:
         """The longest evaluation length, as a multiple of L."""
-        return max(int(m) for m in str(self.params["lm"]["multipliers"]).split())
+        return max(m for t in self.params["tasks"].values() for m in multipliers(t["evaluate"]))
 
     def seeds(self, task: str) -> list[str]:
         """The seeds of a task's runs in this study."""
-        own = (self.params.get(task) or {}).get("seeds")
-        return str(own if own is not None else self.params["seeds"]).split()
+        return str(self.params["tasks"][task]["seeds"]).split()
 
     def link(self, rel: str) -> str:
         """A relative link from ``docs/`` to one of this study's files (figures, tables)."""

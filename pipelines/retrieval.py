@@ -25,12 +25,6 @@ import sys
 from pathlib import Path
 
 
-def scoring_device(accelerator: str) -> str:
-    """Where a run is scored after its training: on a GPU when its trainer ran on one
-    (``trainer.accelerator`` gpu or cuda), else on the CPU."""
-    return "cuda" if str(accelerator).lower() in ("gpu", "cuda") else "cpu"
-
-
 @functools.lru_cache(maxsize=4)
 def _loaded(run_dir: str, extension: str | None, base_len: int | None, device: str = "cpu"):
     """(model, task, row labels) of a trained run on ``device``, kept by a worker for the
@@ -100,17 +94,18 @@ def log_grid(rows: list[dict], run_id: str | None, uri: str, extension: str | No
     tracking.log_files(c, run_id, files, "retrieval")
 
 
-def finish_grid(run_dir: str, rows: list[dict], uri: str, extension: str | None = None) -> list[dict]:
+def finish_grid(rows: list[dict], uri: str, run_dir: str, extension: str | None = None) -> tuple[list[dict], str]:
     """A run's whole grid, sorted by (length, depth): written beside the run
     (``retrieval[-<rule>].csv``, the zero-shot rule it was scored with) and logged
-    to its MLflow run."""
+    to its MLflow run; returns the rows and a line of progress (the exact match at L)."""
     from posenc.retrieval import write_rows
     from posenc.runs import RunFolder
 
     rows = sorted(rows, key=lambda r: (r["length"], r["depth"]))
     path = write_rows(rows, RunFolder(run_dir).grid(extension))
     log_grid(rows, rows[0]["run_id"], uri, extension, [path])
-    return rows
+    at_l = [r["exact_match"] for r in rows if r["multiple"] == 1]
+    return rows, f"{rows[0]['scheme']} s{rows[0]['seed']} retrieval grid: exact match at L {100 * sum(at_l) / len(at_l):.1f}%"
 
 
 def grid_job(out_dir: str, cfg, multipliers: list[int], extensions: list[str], settings: dict) -> list[dict]:
@@ -121,7 +116,7 @@ def grid_job(out_dir: str, cfg, multipliers: list[int], extensions: list[str], s
     cells = [(m * int(cfg.data.seq_len), d) for m in multipliers for d in DEPTHS]
     rows = []
     for ext in [None, *extensions]:
-        rows += finish_grid(out_dir, score_cells(out_dir, cells, settings, ext), cfg.logger.tracking_uri, ext)
+        rows += finish_grid(score_cells(out_dir, cells, settings, ext), cfg.logger.tracking_uri, out_dir, ext)[0]
     return rows
 
 
@@ -159,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     res = resolve_checkpoint(a.run, "last")
     cfg = OmegaConf.create(stored_run(load_state(res.path), res.path)["cfg"])
-    from posenc.tasks import build as build_task
+    from posenc.tasks import Retrieval, build
 
-    if build_task(cfg.task).evaluation != "grid":
+    if not isinstance(build(cfg.task), Retrieval):
         p.error(f"{a.run} is a task={cfg.task.name} run, not a retrieval one")
     rows = grid_job(str(res.path.parent.parent), cfg, a.multipliers, a.extensions,
                     grid_settings(a))

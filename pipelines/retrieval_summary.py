@@ -27,7 +27,7 @@ from posenc.files import write_json, write_text
 from .gather import per_scheme, study_schemes
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.retrieval_summary", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+", help="results/retrieval/<scheme>.csv files of the study stages")
@@ -47,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md-dir", required=True)
     p.add_argument("--tidy", required=True, help="every grid row in one CSV")
     p.add_argument("--reach-tidy", required=True, help="every attention distance / entropy row in one CSV")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def write_reach(a: argparse.Namespace, schemes) -> tuple[str, list[Path]]:
+    """How far each scheme attends: the figure, the table and the tidy rows."""
     from analysis import reach, retrieval
 
-    schemes = study_schemes(a.params) if a.params else None
     reach_rows = retrieval.read_csvs(list(per_scheme(a.reach, schemes, "attention reach").values()))
     summary = reach.summary(reach_rows.to_dict("records"))
     written = retrieval.plot_reach(summary, f"{a.out_dir}/reach")
@@ -58,6 +61,35 @@ def main(argv: list[str] | None = None) -> int:
     written.append(write_text(f"{a.md_dir}/reach_table.md", reach_table))
     written.append(write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
         index=False, lineterminator="\n")))
+    return reach_table, written
+
+
+def write_grids(a: argparse.Namespace, schemes, every) -> tuple[dict, dict, str, str, list[Path]]:
+    """The grids, the curves, the steps to the criterion and their tables, from every grid row."""
+    from analysis import retrieval
+
+    studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
+    runs = retrieval.per_run(every, retrieval.run_records(studies))
+    t = retrieval.summary(runs, a.against, a.cap, a.margin)
+    chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
+    grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
+    extrapolation = retrieval.read_csvs(list(per_scheme(
+        [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
+    written = retrieval.plot_grid(grids, f"{a.out_dir}/grid", [s for s, e in t.items() if e["marked"]])
+    written += retrieval.plot_curves(t, extrapolation, f"{a.out_dir}/curves")
+    criterion = f"exact match at L above {100 * a.criterion:g}%"
+    written += retrieval.plot_steps(t, f"{a.out_dir}/steps", criterion)
+    written.append(write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
+        index=False, lineterminator="\n")))
+    return t, retrieval.step_ranks(t), retrieval.table_markdown(t), retrieval.steps_markdown(t, criterion), written
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    from analysis import retrieval
+
+    schemes = study_schemes(a.params) if a.params else None
+    reach_table, written = write_reach(a, schemes)
     files = list(per_scheme(a.results, schemes, "retrieval results").values())
     try:
         every = retrieval.read_csvs(files)
@@ -68,21 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         t, ranks = {}, {}
         written += [write_text(a.tidy, "")]
     else:
-        studies = [json.loads(Path(f).read_text()) for f in per_scheme(a.runs, schemes, "runs").values()]
-        runs = retrieval.per_run(every, retrieval.run_records(studies))
-        t = retrieval.summary(runs, a.against, a.cap, a.margin)
-        ranks = retrieval.step_ranks(t)
-        chosen = retrieval.used(runs)[["scheme", "seed"]].drop_duplicates()
-        grids = every[every["trials"] > 0].merge(chosen, on=["scheme", "seed"])  # the runs used, the lengths a model has
-        extrapolation = retrieval.read_csvs(list(per_scheme(
-            [f for f in a.extrapolation if str(f).endswith(".csv")], schemes, "extrapolation results").values()))
-        written += retrieval.plot_grid(grids, f"{a.out_dir}/grid", [s for s, e in t.items() if e["marked"]])
-        written += retrieval.plot_curves(t, extrapolation, f"{a.out_dir}/curves")
-        criterion = f"exact match at L above {100 * a.criterion:g}%"
-        written += retrieval.plot_steps(t, f"{a.out_dir}/steps", criterion)
-        table, steps = retrieval.table_markdown(t), retrieval.steps_markdown(t, criterion)
-        written.append(write_text(a.tidy, every.sort_values(["scheme", "seed", "length", "depth"]).to_csv(
-            index=False, lineterminator="\n")))
+        t, ranks, table, steps, more = write_grids(a, schemes, every)
+        written += more
     written += [write_text(f"{a.md_dir}/retrieval_table.md", table), write_text(f"{a.md_dir}/retrieval_steps.md", steps),
                 write_json(a.json, {"criterion": a.criterion, "against": a.against, "margin": a.margin,
                                     "ranks": ranks, "schemes": t})]
@@ -91,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     print(reach_table)
     print("\n".join(map(str, written)))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,6 +41,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
+
 from posenc.files import write_json, write_text
 
 from analysis.stats import against as tested_against
@@ -152,14 +154,13 @@ def lm_markdown(table: dict, reference: str | None = None) -> str:
 
 # ------------------------------------------------------------------ masked LM
 def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
-    """{scheme: its runs} of the bidirectional task (``posenc.tasks``: the masked LM); {} for a
-    study without it."""
-    from posenc.tasks import load
+    """{scheme: its runs} of the masked LM (``posenc.tasks.MaskedLM``); {} for a study without it."""
+    from posenc.tasks import MaskedLM, load
 
     runs = defaultdict(list)
     for f in run_files:
         for r in json.loads(Path(f).read_text())["runs"]:
-            if not load(r["task"]).causal:
+            if isinstance(load(r["task"]), MaskedLM):
                 runs[r["scheme"]].append(r)
     return runs
 
@@ -215,6 +216,54 @@ def mlm_markdown(t: dict) -> str:
             df = "—" if w["df"] is None else f"{w['df']:.1f}"
             lines.append(f"| `{other}` | {diff} | {tt} | {df} | {' | '.join(rest)} |")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ every task at L
+def tasks_table(run_files: list[str | Path], names: list[str]) -> dict:
+    """Per task of ``names`` (the study's, in its params' order), per scheme in the order of
+    ``run_files``: the metrics its validation logs (``Task.validated``), mean ± sd over its seeds,
+    and the steps trained (mean). A task is asked what it logs, never named."""
+    from posenc.tasks import load
+
+    runs: dict[str, dict[str, list[dict]]] = {n: defaultdict(list) for n in names}
+    for f in run_files:
+        for r in json.loads(Path(f).read_text())["runs"]:
+            if r["task"] in runs:
+                runs[r["task"]][r["scheme"]].append(r)
+    out = {}
+    for name in names:
+        task = load(name)
+        schemes = {}
+        for scheme, rs in runs[name].items():
+            cells = {m: dict(zip(("mean", "sd"), mean_sd([r[m] for r in rs]))) for m in task.validated()
+                     if all(m in r for r in rs)}
+            steps = [r["global_step"] for r in rs if "global_step" in r]
+            schemes[scheme] = {"seeds": sorted(r["seed"] for r in rs), "steps": mean_sd(steps)[0] if steps else None,
+                               "metrics": cells}
+        out[name] = {"title": task.title(), "class": f"{type(task).__module__}.{type(task).__qualname__}",
+                     "metrics": task.validated(), "schemes": schemes}
+    return out
+
+
+def tasks_markdown(t: dict) -> str:
+    """One table per task: its validation metrics by scheme (shares in %)."""
+
+    def cell(c: dict | None, share: bool) -> str:
+        k, digits = (100, 1) if share else (1, 3)
+        return "—" if c is None else f"{k * c['mean']:.{digits}f} ± {k * c['sd']:.{digits}f}"
+
+    parts = []
+    for name, e in t.items():
+        share = {m: m.endswith(("acc", "exact")) for m in e["metrics"]}
+        head = " | ".join(f"{m}{' (%)' if share[m] else ''}" for m in e["metrics"])
+        title = f", {e['title']}" if e["title"] != name else ""
+        lines = [f"**`{name}`**{title} (`{e['class']}`): validation at the end of training, mean ± sd over seeds", "", f"| scheme | {head} | steps | seeds |", "| --- |" + " ---: |" * (len(e["metrics"]) + 2)]
+        for scheme, row in e["schemes"].items():
+            cells = " | ".join(cell(row["metrics"].get(m), share[m]) for m in e["metrics"])
+            steps = "—" if row["steps"] is None else f"{row['steps']:.0f}"
+            lines.append(f"| `{scheme}` | {cells} | {steps} | {len(row['seeds'])} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 # ------------------------------------------------------------------ timing
@@ -285,6 +334,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: --question {mlm['note']}", file=sys.stderr)
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
+    names = list((yaml.safe_load(Path(a.params).read_text()) or {}).get("tasks") or {}) if a.params else []
+    ran = [r["task"] for f in runs.values() for r in json.loads(Path(f).read_text())["runs"]]
+    tasks = tasks_table(list(runs.values()), names or list(dict.fromkeys(ran)))
+    write_json(out / "tasks_table.json", tasks)
+    write_text(md / "tasks_table.md", tasks_markdown(tasks))
     write_json(out / "timing.json", timing(list(runs.values())))
     for scheme, row in headline(lm, mlm).items():  # one file per scheme: one row each in `dvc metrics show`
         write_json(out / "metrics" / f"{scheme}.json", row)

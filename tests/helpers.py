@@ -34,3 +34,26 @@ class NanAt(L.Callback):
         if trainer.global_step == self.step:
             for p in pl_module.parameters():
                 p.data.fill_(float("nan"))
+
+
+#: a task entry of a study's params file, small enough for a test (``posenc.tasks.STUDY_KEYS``)
+TASK_ENTRY = {"seeds": "0", "seq_len": 16, "batch_size": 4, "steps": 3, "validate_every": 3, "criterion": None,
+              "overrides": "", "evaluate": {}}
+#: what each of the project's tasks is scored with in such a study
+EVALUATE = {"lm": {"multipliers": "1", "max_tokens": 64, "extensions": "all"},
+            "retrieval": {"multipliers": "1 2", "trials": 4, "attention_trials": 1, "extensions": ""}, "mlm": {}}
+
+
+def study_params(folder, **tasks) -> str:
+    """Write ``<folder>/params.yaml`` with a ``tasks:`` entry per keyword (its keys over
+    ``TASK_ENTRY``; ``evaluate`` over the task's ``EVALUATE``) and return its path, for
+    ``python -m pipelines.study --params``."""
+    from pathlib import Path
+
+    import yaml
+
+    entries = {name: {**TASK_ENTRY, **keys, "evaluate": {**EVALUATE.get(name, {}), **keys.get("evaluate", {})}}
+               for name, keys in tasks.items()}
+    path = Path(folder) / "params.yaml"
+    path.write_text(yaml.safe_dump({"tasks": entries}))
+    return str(path)

@@ -23,23 +23,71 @@ REDUCED = {
     "vocab_size": 260,
     "model": "micro",
     "trainer": "cpu",
-    "seeds": "0 1",
     "workers": 2,
     "threads": 1,
     "common": "model.d_model=32 model.n_heads=2",
-    "lm": {"train_len": 32, "steps": 20, "batch_size": 8, "multipliers": "1 2 4", "max_tokens": 1024,
-           "overrides": ""},
-    "mlm": {"seeds": "0 1", "seq_len": 16, "steps": 20, "batch_size": 8, "overrides": "optim.lr=2e-3"},
-    "retrieval": {"criterion": 0.9, "cap": 20, "validate_every": 10, "validation_windows": 16, "batch_size": 8, "seeds": "0", "trials": 4,
-                  "attention_trials": 2, "extensions": "", "overrides": ""},
-    "schemes": {"none": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
-                "alibi": {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""},
+    "tasks": {
+        "lm": {"seeds": "0 1", "seq_len": 32, "batch_size": 8, "steps": 20, "validate_every": 20, "criterion": None,
+               "overrides": "", "evaluate": {"multipliers": "1 2 4", "max_tokens": 1024, "extensions": "all"}},
+        "mlm": {"seeds": "0 1", "seq_len": 16, "batch_size": 8, "steps": 20, "validate_every": 20, "criterion": None,
+                "overrides": "optim.lr=2e-3", "evaluate": {}},
+        "retrieval": {"seeds": "0", "seq_len": 32, "batch_size": 8, "steps": 20, "validate_every": 10,
+                      "criterion": {"metric": "val/exact", "value": 0.9},
+                      "overrides": "data.eval_batch_size=16 trainer.limit_val_batches=1 trainer.limit_test_batches=1",
+                      "evaluate": {"multipliers": "1 2 4", "trials": 4, "attention_trials": 2, "extensions": ""}},
+        # a task the project does not have, added by its class, its YAML and this entry alone (TOY_TASK)
+        "first": {"seeds": "0 1", "seq_len": 16, "batch_size": 8, "steps": 10, "validate_every": 10, "criterion": None,
+                  "overrides": "", "evaluate": {}},
+    },
+    "schemes": {"none": {"tasks": "lm mlm retrieval first", "overrides": "", "extensions": ""},
+                "alibi": {"tasks": "lm mlm retrieval first", "overrides": "", "extensions": ""},
                 "xpos": {"tasks": "lm retrieval", "overrides": "", "extensions": ""}},
     "lm_table": {"reference": "alibi", "margin": 0.05},
     "mlm_table": {"reference": "none", "question": "alibi", "against": "none", "margin": 0.02},
     "retrieval_table": {"reference": "none", "margin": 0.1},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
+}
+
+
+#: a toy task, as a researcher adds one: a class in a module of their own and a YAML naming it
+#: (at the last position of a window, name the window's first token)
+TOY_TASK = {
+    "src/first_token.py": '''
+import torch
+from torch.utils.data import Dataset
+
+from posenc.targets import IGNORE
+from posenc.tasks import Task
+
+
+class FirstTokenWindows(Dataset):
+    def __init__(self, windows):
+        self.windows = windows
+
+    def __len__(self):
+        return len(self.windows)
+
+    def __getitem__(self, i):
+        x, _ = self.windows[i]
+        y = torch.full_like(x, IGNORE)
+        y[-1] = x[0]
+        return x, y
+
+
+class FirstToken(Task):
+    """At the last position of a window, name the window's first token."""
+
+    accuracy = True
+    exact_match = True
+
+    def dataset(self, dm, windows, split):
+        return FirstTokenWindows(windows)
+
+    def scored_suffix(self, seq_len):
+        return 1
+''',
+    "conf/task/first.yaml": "_target_: first_token.FirstToken\nname: first\ncausal: true\ncls: false\n",
 }
 
 
@@ -102,8 +150,8 @@ def _check_study_run(root: Path) -> None:
     assert "bench.png" in {Path(p).name for p in listed("figures/bench")}
 
     metas = sorted(root.glob("runs/*/*/run.json"))  # runs/<scheme>/<task>-s<seed>/run.json
-    # causal and masked LM of none and alibi, xpos's causal LM (2 seeds), a retrieval run of each
-    assert len(metas) == 2 * 2 + 2 * 2 + 2 + 3 and study["linked_runs"] == len(metas)
+    # causal and masked LM and the toy task of none and alibi, xpos's causal LM (2 seeds), a retrieval run of each
+    assert len(metas) == 2 * 2 + 2 * 2 + 2 * 2 + 2 + 3 and study["linked_runs"] == len(metas)
     for meta in metas:
         linked = client.get_run(json.loads(meta.read_text())["mlflow_run_id"])
         assert linked.info.experiment_id == run.info.experiment_id, meta
@@ -119,6 +167,8 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
 
     model_path()  # the pretrained stage needs the [pretrained] extra: without it, fail here and say so
     _copy_project(tmp_path)
+    for rel, text in TOY_TASK.items():
+        (tmp_path / rel).write_text(text.lstrip())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(REDUCED))
     # the page that quotes the study's counts, quoting the reduced study's (checked by report --check below)
     (tmp_path / "docs/reproduce.md").write_text(
@@ -166,8 +216,14 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
     assert lm["none"]["vs_reference"]["against"] == "alibi" and "vs_reference" not in lm["alibi"]
     timing = json.loads((tmp_path / "results/timing.json").read_text())
-    assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2 + 3
-    assert set(timing["total"]["task_s"]) == {"lm", "mlm", "retrieval"}
+    assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2 * 2 + 2 + 3
+    assert set(timing["total"]["task_s"]) == {"lm", "mlm", "retrieval", "first"}
+    # the toy task, added by its class, its YAML and its params entry alone: trained for both
+    # schemes that list it, and its table is in the tables and the report
+    toy = json.loads((tmp_path / "results/tasks_table.json").read_text())["first"]
+    assert toy["class"] == "first_token.FirstToken" and toy["metrics"] == ["val/loss", "val/ppl", "val/acc", "val/exact"]
+    assert set(toy["schemes"]) == {"none", "alibi"} and toy["schemes"]["none"]["seeds"] == [0, 1]
+    assert "**`first`** (`first_token.FirstToken`)" in (tmp_path / "docs/results.md").read_text()
     # committed results name no absolute path of the machine that made them
     for f in ("results/prepare.json", "results/correlations.json", "results/extrapolation.csv",
               "results/runs/alibi.json", "results/pretrained_minilm.json", "results/mlflow_study.json"):
@@ -194,7 +250,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert metrics.returncode == 0, metrics.stderr[-2000:]
     rows = metrics.stdout.strip().splitlines()
     assert len(rows) == 1 + 3 and max(map(len, rows)) < 120, metrics.stdout
-    longest = f"ppl_{max(int(m) for m in str(REDUCED['lm']['multipliers']).split())}L"
+    longest = f"ppl_{max(int(m) for m in str(REDUCED['tasks']['lm']['evaluate']['multipliers']).split())}L"
     assert rows[0].split() == ["Path", "mlm_acc", longest, "ppl_L", "ratio"], rows[0]
     html = _dvc(tmp_path, "plots", "show", "--out", "dvc_plots")
     assert html.returncode == 0, html.stderr[-2000:]

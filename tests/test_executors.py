@@ -22,6 +22,7 @@ from pipelines import executors, study
 from posenc.errors import ConfigError
 
 from .conftest import REPO
+from .helpers import study_params
 
 
 def _common(tmp_path, data_root, cache_dir, experiment: str) -> str:
@@ -41,17 +42,16 @@ def test_a_study_gives_the_same_results_on_the_pool_and_as_submitit_local_jobs(t
 
     def run(executor: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         out = tmp_path / executor
-        rc = study.main(["alibi", "--tasks", "lm", "retrieval", "--seeds", "0", "--workers", "2",
-                         "--runs-dir", str(out / "runs"), "--results", str(out / "r.json"),
-                         "--extrapolation", str(out / "x.csv"), "--multipliers", "1", "2", "--max-tokens", "64",
-                         "--common", common, "--lm", "data.seq_len=16",
-                         "--retrieval", "data.seq_len=16 model.max_len=64", "--retrieval-results", str(out / "g.csv"),
-                         "--trials", "4", "--attention-trials", "1", "--executor", executor])
+        out.mkdir()
+        params = study_params(out, lm={"evaluate": {"multipliers": "1 2"}}, retrieval={"overrides": "model.max_len=64"})
+        rc = study.main(["alibi", "--params", params, "--tasks", "lm", "retrieval", "--workers", "2",
+                         "--runs-dir", str(out / "runs"), "--results-dir", str(out / "results"), "--common", common,
+                         "--executor", executor])
         assert rc == 0
         ids = ["run_id", "checkpoint"]
-        return (json.loads((out / "r.json").read_text()),
-                pd.read_csv(out / "x.csv", keep_default_na=False).drop(columns=ids),
-                pd.read_csv(out / "g.csv", keep_default_na=False).drop(columns="run_id"))
+        return (json.loads((out / "results" / "runs" / "alibi.json").read_text()),
+                pd.read_csv(out / "results" / "extrapolation" / "alibi.csv", keep_default_na=False).drop(columns=ids),
+                pd.read_csv(out / "results" / "retrieval" / "alibi.csv", keep_default_na=False).drop(columns="run_id"))
 
     pool, local = run("pool"), run("local")
     assert (tmp_path / "local" / ".submitit" / "runs").is_dir()  # beside the runs folder, not in it
@@ -154,18 +154,17 @@ def test_the_slurm_preset_asks_sbatch_for_its_resources(tmp_path, monkeypatch):
 def test_a_failed_submitit_job_fails_the_stage_by_its_name_and_job(tmp_path, data_root, cache_dir, capsys):
     """A run that raises in its submitit job (a window of -5 tokens): the stage exits 1,
     naming the run, the job's error, its id and its log; no results are written."""
-    results = tmp_path / "r.json"
-    rc = study.main(["none", "--tasks", "lm", "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
-                     "--results", str(results), "--extrapolation", str(tmp_path / "x.csv"), "--multipliers", "1",
-                     "--max-tokens", "64", "--common", _common(tmp_path, data_root, cache_dir, "failed"),
-                     "--lm", "data.seq_len=-5", "--executor", "local"])
+    results = tmp_path / "runs" / "none.json"
+    rc = study.main(["none", "--params", study_params(tmp_path, lm={"overrides": "data.seq_len=-5"}), "--tasks", "lm",
+                     "--runs-dir", str(tmp_path / "runs" / "none"), "--results-dir", str(tmp_path),
+                     "--common", _common(tmp_path, data_root, cache_dir, "failed"), "--executor", "local"])
     assert rc == 1
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("none-lm-s0: ")]
     assert "ConfigError: data.seq_len=-5" in line and "(job " in line
     log = line.rsplit(", log ", 1)[1].rstrip(")")
     assert "data.seq_len=-5" in Path(log).read_text()
-    assert not results.exists() and not (tmp_path / "x.csv").exists()
+    assert not results.exists() and not (tmp_path / "extrapolation").exists()
 
 
 def test_a_cancelled_submitit_job_is_reported_and_an_interrupted_stage_cancels_its_jobs(tmp_path, monkeypatch):
@@ -219,11 +218,11 @@ def test_a_bad_executor_setting_is_refused_before_the_runs_folder_is_touched(tmp
             (tmp_path / "mine.yaml").write_text(setting)
             flag = ["--executor", str(tmp_path / "mine.yaml")]
     with pytest.raises(SystemExit) as stop:
-        study.main(["none", "--tasks", "lm", "--seeds", "0", "--runs-dir", str(runs), "--results",
-                    str(tmp_path / "r.json"), "--extrapolation", str(tmp_path / "x.csv"), *flag])
+        study.main(["none", "--params", study_params(tmp_path, lm={}), "--tasks", "lm", "--runs-dir", str(runs),
+                    "--results-dir", str(tmp_path / "results"), *flag])
     assert stop.value.code == 2
     assert re.search(match, capsys.readouterr().err)
-    assert (runs / "kept").read_text() == "an earlier run" and not (tmp_path / "r.json").exists()
+    assert (runs / "kept").read_text() == "an earlier run" and not (tmp_path / "results").exists()
 
 
 def test_submitit_missing_is_refused_with_the_install_command(monkeypatch):
@@ -237,8 +236,8 @@ def test_the_default_path_imports_no_torch_lightning_or_submitit_in_the_parent()
     pool without torch, Lightning or submitit (the fork server imports what the jobs need)."""
     script = ("import sys\n"
               "from pipelines import executors, study\n"
-              "a = study.parse_args(['none', '--tasks', 'lm', '--runs-dir', 'r', '--results', 'r.json', "
-              "'--extrapolation', 'x.csv'])\n"
+              "a = study.parse_args(['none', '--tasks', 'lm', 'mlm', 'retrieval', '--runs-dir', 'r', "
+              "'--results-dir', 'results'])\n"
               "ex = executors.build(a.executor, workers=2, threads=1, preload=study.PRELOAD)\n"
               "print(type(ex).__name__, sorted(m for m in sys.modules if m.split('.')[0] in "
               "('torch', 'lightning', 'pytorch_lightning', 'submitit')))\n")

@@ -73,9 +73,9 @@ def test_mixed_precision_with_gradient_clipping_trains(make_cfg):
 
 def test_paper_estimate_against_a_hand_count():
     """GPU-hours from step times: runs x steps x step seconds x (tokens per step / the benchmark's)."""
-    params = {"seeds": "0 1", "lm": {"steps": 100, "train_len": 8, "batch_size": 4},
-              "mlm": {"steps": 50, "seq_len": 4, "batch_size": 2},
-              "retrieval": {"seeds": "0", "cap": 200, "batch_size": 4},
+    params = {"tasks": {"lm": {"seeds": "0 1", "steps": 100, "seq_len": 8, "batch_size": 4},
+                        "mlm": {"seeds": "0 1", "steps": 50, "seq_len": 4, "batch_size": 2},
+                        "retrieval": {"seeds": "0", "steps": 200, "seq_len": 8, "batch_size": 4}},
               "schemes": {"a": {"tasks": "lm mlm"}, "b": {"tasks": "lm retrieval"}}}  # fmt: skip
     bench = {"rows": [{"scheme": "a", "T": 8, "batch": 4, "train_s_min": 36.0},
                       {"scheme": "a", "T": 4, "batch": 8, "train_s_min": 72.0},

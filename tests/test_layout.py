@@ -66,14 +66,31 @@ def test_the_circle_finder_sees_a_circle_hidden_in_a_function(tmp_path):
 
 def test_no_module_but_the_tasks_switches_on_a_task_name():
     """What a task does is asked of its task object (``posenc.tasks``: its dataset, scored
-    targets, checks, metrics and evaluation); no other module compares a task's name (or the
-    old ``objective``) with a value, in the library, the analysis or the pipelines."""
+    targets, checks, metrics, evaluation and results); no other module compares a task's name
+    (or the old ``objective``) with a value, in the library, the analysis, the pipelines or the
+    report's templates."""
     names = "|".join(p.stem for p in (REPO / "conf/task").glob("*.yaml"))
     switch = re.compile(rf"""(objective|task(\.name)?|\[["']task["']\])\s*(==|!=|in)\s*[\(\["']"""
-                        rf"""|(==|!=)\s*["']({names}|causal)["']|["']({names})["']\s+(not\s+)?in\s""")
-    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in CODE if p.name != "tasks.py"
+                        rf"""|(==|!=)\s*["']({names}|causal)["']|["']({names})["']\s*(not\s+)?in\s""")
+    templates = sorted((REPO / "docs/templates").glob("*.j2"))
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in CODE + templates if p.name != "tasks.py"
              for n, line in enumerate(p.read_text().splitlines(), 1) if switch.search(line)]
     assert found == []
+
+
+def test_the_study_and_its_tables_stage_name_no_task():
+    """The study stage plans, runs and writes whatever tasks its params file lists, and the
+    tables stage's every-task table asks each task what it logs: neither names one (a name
+    in a string, or an attribute of the old per-task params, ``a.lm``)."""
+    names = "|".join(p.stem for p in (REPO / "conf/task").glob("*.yaml"))
+    named = re.compile(rf"""["']({names})["']|\.({names})\b(?!\.py)""")
+    for rel in ("pipelines/study.py", "pipelines/executors.py"):
+        code = (REPO / rel).read_text()
+        body = code[code.index('"""', 3) + 3:]  # the code, not the module's text
+        assert [line.strip() for line in body.splitlines() if named.search(line)] == [], rel
+    tables = (REPO / "pipelines/tables.py").read_text()
+    every = tables[tables.index("def tasks_table"):tables.index("# ------------------------------------------------------------------ timing")]
+    assert not named.search(every)
 
 
 def test_computation_imports_no_plotting_library():
@@ -106,3 +123,18 @@ def test_the_report_renders_and_analysis_computes():
     assert len(text.splitlines()) < 300
     assert not re.search(r"^\s*(import|from)\s+(scipy|statsmodels|numpy|pandas)\b", text, re.M)
     assert "cached_property" not in text
+
+
+def test_every_function_of_the_pipelines_and_the_analysis_reads_at_once():
+    """No function in ``pipelines/`` or ``analysis/`` is 60 lines or longer: a stage is its steps,
+    each a function that fits on a screen."""
+    import ast
+
+    long = []
+    for p in sorted((REPO / "pipelines").rglob("*.py")) + sorted((REPO / "analysis").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n >= 60:
+                    long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
+    assert long == []

@@ -31,13 +31,13 @@ from .test_dvc import _copy_project, _dvc
 #: what this test changes in profiles/paper/params.yaml, and nothing else
 ONE_STEP = {
     "trainer": "cpu",
-    "seeds": "0",
     "workers": 2,
     "threads": 1,
-    "lm": {"steps": 1, "batch_size": 1, "multipliers": "1 2", "max_tokens": 1024},
-    "mlm": {"steps": 1, "batch_size": 2},
-    "retrieval": {"cap": 1, "validate_every": 1, "validation_windows": 2, "batch_size": 1, "seeds": "0",
-                  "trials": 1, "attention_trials": 1},
+    "tasks": {"lm": {"seeds": "0", "steps": 1, "validate_every": 1, "batch_size": 1,
+                     "evaluate": {"multipliers": "1 2", "max_tokens": 1024}},
+              "mlm": {"seeds": "0", "steps": 1, "validate_every": 1, "batch_size": 2},
+              "retrieval": {"seeds": "0", "steps": 1, "validate_every": 1, "batch_size": 1,
+                            "evaluate": {"trials": 1, "attention_trials": 1}}},
     "correlations": {"batches": 1},
 }
 #: appended to the profile's own `common` overrides: one validation and one test batch of one
@@ -47,17 +47,18 @@ ONE_BATCH = " trainer.limit_val_batches=1 trainer.limit_test_batches=1 data.eval
 NARROW = " model.d_model=64 model.d_ff=128 model.n_layers=2"
 
 
+def _merged(base: dict, change: dict) -> dict:
+    return {**base, **{k: _merged(base[k], v) if isinstance(v, dict) else v for k, v in change.items()}}
+
+
 def _one_step(paper: dict) -> dict:
-    out = json.loads(json.dumps(paper))
-    for key, value in ONE_STEP.items():
-        if isinstance(value, dict):
-            out[key].update(value)
-        else:
-            out[key] = value
+    out = _merged(json.loads(json.dumps(paper)), ONE_STEP)
     one = lambda rules: re.sub(r"@(\d+)x\d+", r"@\1x1", rules)  # noqa: E731 -- <rule>@<m>x<n>: one step, not n
     for spec in out["schemes"].values():
         spec["extensions"] = one(spec["extensions"])
-    out["retrieval"]["extensions"] = one(out["retrieval"]["extensions"])
+    retrieval = out["tasks"]["retrieval"]
+    retrieval["evaluate"]["extensions"] = one(retrieval["evaluate"]["extensions"])
+    retrieval["overrides"] = retrieval["overrides"].replace("data.eval_batch_size=640", "data.eval_batch_size=2")
     out["common"] += ONE_BATCH + NARROW
     return out
 
@@ -65,15 +66,10 @@ def _one_step(paper: dict) -> dict:
 def test_every_job_of_the_paper_profile_composes_with_its_own_settings_and_passes_the_checks():
     from posenc.config import check_config, compose
 
+    from posenc.tasks import load
+
     paper = yaml.safe_load((REPO / "profiles/paper/params.yaml").read_text())
-    lm, mlm, ret = paper["lm"], paper["mlm"], paper["retrieval"]
-    own = {"lm": [f"data.seq_len={lm['train_len']}", f"model.max_len={lm['train_len']}",
-                  f"data.batch_size={lm['batch_size']}", f"trainer.max_steps={lm['steps']}"],
-           "mlm": [f"data.seq_len={mlm['seq_len']}", f"model.max_len={mlm['seq_len']}",
-                   f"data.batch_size={mlm['batch_size']}", f"trainer.max_steps={mlm['steps']}", *mlm["overrides"].split()],
-           "retrieval": [f"data.seq_len={lm['train_len']}", f"model.max_len={lm['train_len']}",
-                         f"data.batch_size={ret['batch_size']}", f"trainer.max_steps={ret['cap']}",
-                         "criterion.metric=val/exact", f"criterion.value={ret['criterion']}"]}
+    own = {task: load(task).run_overrides(spec) for task, spec in paper["tasks"].items()}
     checked = 0
     for scheme, spec in paper["schemes"].items():
         for task in spec["tasks"].split():

@@ -286,12 +286,14 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
               "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
               "data.batch_size=4 trainer.max_steps=3 trainer.val_check_interval=3 trainer.limit_val_batches=1 "
               "log_checkpoint=false logger.experiment_name=study-retrieval")
-    out = tmp_path / "grid.csv"
-    rc = study.main(["rope", "--tasks", "retrieval", "--seeds", "0", "--workers", "2", "--runs-dir",
-                     str(tmp_path / "runs"), "--results", str(tmp_path / "r.json"), "--multipliers", "1", "2",
-                     "--extensions", "yarn", "ntk", "pi@2x2", "--retrieval-extensions", "yarn", "pi@2x2",
-                     "--common", common, "--retrieval", "data.seq_len=16 model.max_len=64",
-                     "--retrieval-results", str(out), "--trials", "10", "--attention-trials", "2"])
+    from .helpers import study_params
+
+    out = tmp_path / "results" / "retrieval" / "rope.csv"
+    params = study_params(tmp_path, retrieval={"overrides": "model.max_len=64", "evaluate": {
+        "trials": 10, "attention_trials": 2, "extensions": "yarn pi@2x2"}})
+    rc = study.main(["rope", "--params", params, "--tasks", "retrieval", "--workers", "2", "--runs-dir",
+                     str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
+                     "--extensions", "yarn", "ntk", "pi@2x2", "--common", common])
     assert rc == 0
     rows = pd.read_csv(out, keep_default_na=False)
     assert list(rows.groupby("scheme", sort=False).size().items()) == [
@@ -317,7 +319,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
     beside = pd.read_csv(runs / "retrieval-s0" / "retrieval-yarn.csv")
     assert len(beside) == 10 and set(beside["scheme"]) == {"rope+yarn"}
     assert len(pd.read_csv(runs / "retrieval-pi-ft2L-s0" / "retrieval.csv")) == 10
-    (record,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    (record,) = json.loads((tmp_path / "results" / "runs" / "rope.json").read_text())["runs"]
     assert record["task"] == "retrieval" and record["eval_s"] > 0 and "rows" not in record
 
 

@@ -14,6 +14,8 @@ from analysis.stats import BEHIND, EQUIVALENT, compare, family, format_p
 from pipelines import study, tables
 from posenc.evaluate import write_results
 
+from .helpers import study_params
+
 
 def _rows(scheme, seed, ppl_by_len, train_len=4):
     return [{"scheme": scheme, "seed": seed, "train_len": train_len, "eval_len": t, "method": "nonoverlapping",
@@ -121,30 +123,30 @@ def test_mlm_table_tests_the_question_against_the_schemes_named(tmp_path):
 
 def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root, cache_dir):
     """One job refuses its config: the other still finishes, the stage exits 1, no results file."""
-    results = tmp_path / "results.json"
     common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
               "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
               "data.batch_size=4 trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 "
               "log_checkpoint=false")
-    rc = study.main(["none", "--tasks", "lm", "mlm", "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
-                     "--results", str(results), "--extrapolation", str(tmp_path / "x.csv"), "--multipliers", "1",
-                     "--max-tokens", "64", "--common", common, "--lm", "data.seq_len=16",
-                     "--mlm", "data.seq_len=-5"])
+    params = study_params(tmp_path, lm={"steps": 2, "validate_every": 2},
+                          mlm={"steps": 2, "validate_every": 2, "overrides": "data.seq_len=-5"})
+    rc = study.main(["none", "--params", params, "--tasks", "lm", "mlm", "--runs-dir", str(tmp_path / "runs"),
+                     "--results-dir", str(tmp_path / "results"), "--common", common])
     assert rc == 1
-    assert not results.exists() and not (tmp_path / "x.csv").exists()
+    assert not (tmp_path / "results").exists()
     assert (tmp_path / "runs" / "lm-s0" / "metrics.json").exists()  # the other job finished
 
 
 def test_an_interrupted_run_stops_the_stage_with_exit_130(tmp_path, data_root, cache_dir):
     """A run stopped by a signal (here SIGINT at step 3) makes the study stage exit
     130 as shells expect of Ctrl-C, never 0, writing no results; the run keeps its last.ckpt."""
-    results = tmp_path / "results.json"
+    results = tmp_path / "results"
     common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
               "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "
               "data.batch_size=4 trainer.max_steps=8 trainer.val_check_interval=8 trainer.limit_val_batches=1 "
               "log_checkpoint=false '+callbacks.stop={_target_: tests.helpers.SignalAt, step: 3, signum: SIGINT}'")
-    rc = study.main(["none", "--tasks", "mlm", "--seeds", "0", "--workers", "1", "--runs-dir", str(tmp_path / "runs"),
-                     "--results", str(results), "--common", common, "--mlm", "data.seq_len=16"])
+    params = study_params(tmp_path, mlm={"steps": 8, "validate_every": 8})
+    rc = study.main(["none", "--params", params, "--tasks", "mlm", "--workers", "1", "--runs-dir",
+                     str(tmp_path / "runs"), "--results-dir", str(results), "--common", common])
     assert rc == 130
     assert not results.exists()
     state = torch.load(tmp_path / "runs" / "mlm-s0" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -164,19 +166,20 @@ def test_a_study_stage_empties_its_runs_folder_and_records_provenance(tmp_path, 
               "data.batch_size=4 trainer.max_steps=2 trainer.val_check_interval=2 trainer.limit_val_batches=1 "
               "log_checkpoint=false logger.experiment_name=provenance")
 
-    def run(scheme_overrides: str, results: str) -> dict:
-        rc = study.main(["none", "--tasks", "lm", "--seeds", "0", "--workers", "1", "--runs-dir", str(runs),
-                         "--results", str(tmp_path / results), "--extrapolation", str(tmp_path / "x.csv"),
-                         "--multipliers", "1", "--max-tokens", "64", "--common", common,
-                         "--scheme-overrides", scheme_overrides, "--lm", "data.seq_len=16"])
-        assert rc == 0
-        return json.loads((tmp_path / results).read_text())
+    params = study_params(tmp_path, lm={"steps": 2, "validate_every": 2})
 
-    first = run("", "a.json")
+    def run(scheme_overrides: str, results: str) -> dict:
+        rc = study.main(["none", "--params", params, "--tasks", "lm", "--workers", "1", "--runs-dir", str(runs),
+                         "--results-dir", str(tmp_path / results), "--common", common,
+                         "--scheme-overrides", scheme_overrides])
+        assert rc == 0
+        return json.loads((tmp_path / results / "runs" / "none.json").read_text())
+
+    first = run("", "a")
     assert sorted(p.name for p in runs.iterdir()) == ["lm-s0"]
     prov = first["provenance"]
     assert prov["core"] == files_digest() and prov["scheme"] == scheme_fingerprint("none")["digest"]
-    second = run("optim.weight_decay=0.05", "b.json")
+    second = run("optim.weight_decay=0.05", "b")
     assert second["provenance"] == prov  # the scheme's own overrides are not shared settings
     assert "weight_decay: 0.05" in (runs / "lm-s0" / "config.yaml").read_text()  # but they were applied
 
@@ -488,3 +491,25 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     assert list(json.loads((tmp_path / "o2" / "mlm_table.json").read_text())["tests"]) == ["learned", "shaw"]
     with pytest.raises(SystemExit):
         tables.main([*runs])
+
+
+def test_the_every_task_table_asks_each_task_what_it_logs(tmp_path):
+    """``tasks_table``: per task of the study, per scheme, the mean ± sd over seeds of each
+    metric its class validates (the masked LM: loss, perplexity, accuracy), by hand; a task
+    with no runs has an empty table; the Markdown gives shares in %."""
+    f = tmp_path / "none.json"
+    f.write_text(json.dumps({"scheme": "none", "runs": [
+        {"scheme": "none", "task": "mlm", "seed": i, "val/loss": 2.0 + i, "val/ppl": 7.0 + 2 * i, "val/acc": 0.3 + i / 10,
+         "global_step": 100} for i in (0, 1)] + [
+        {"scheme": "none", "task": "lm", "seed": 0, "val/loss": 1.5, "val/ppl": 4.5, "global_step": 50}]}))
+    t = tables.tasks_table([f], ["mlm", "lm", "retrieval"])
+    assert list(t) == ["mlm", "lm", "retrieval"] and t["mlm"]["class"] == "posenc.tasks.MaskedLM"
+    cells = t["mlm"]["schemes"]["none"]["metrics"]
+    assert cells["val/loss"] == {"mean": 2.5, "sd": pytest.approx(0.5 ** 0.5)}
+    assert cells["val/acc"]["mean"] == pytest.approx(0.35) and set(cells) == {"val/loss", "val/ppl", "val/acc"}
+    assert t["lm"]["schemes"]["none"]["metrics"]["val/ppl"] == {"mean": 4.5, "sd": 0.0}
+    assert t["retrieval"]["schemes"] == {} and t["retrieval"]["metrics"][-1] == "val/exact"
+    md = tables.tasks_markdown(t)
+    assert "**`mlm`**, the masked LM (`posenc.tasks.MaskedLM`)" in md
+    assert "| `none` | 2.500 ± 0.707 | 8.000 ± 1.414 | 35.0 ± 7.1 | 100 | 2 |" in md
+    assert "| scheme | val/loss | val/ppl | val/acc (%) | val/exact (%) | steps | seeds |" in md

@@ -22,6 +22,7 @@ from posenc.targets import IGNORE
 from posenc.tasks import CausalLM, MaskedLM, Retrieval, Task, build, load, misfits
 
 from .conftest import REPO
+from .helpers import study_params
 
 
 class _FirstToken(Dataset):
@@ -43,7 +44,6 @@ class FirstToken(Task):
 
     accuracy = True
     exact_match = True
-    evaluation = None
 
     def dataset(self, dm, windows, split):
         return _FirstToken(windows)
@@ -78,7 +78,7 @@ def test_each_task_config_names_its_class_and_the_classes_say_what_validation_lo
     assert validation_metrics(compose(["task=mlm"]).task) == ["val/loss", "val/ppl", "val/acc"]
     assert validation_metrics(compose(["task=retrieval"]).task) == ["val/loss", "val/ppl", "val/acc", "val/exact"]
     assert load("retrieval").scored_suffix(64) == 5 and load("lm").scored_suffix(64) is None
-    assert [load(t).evaluation for t in ("lm", "mlm", "retrieval")] == ["lengths", None, "grid"]
+    assert [load(t).results for t in ("lm", "mlm", "retrieval")] == ["extrapolation", None, "retrieval"]
 
 
 def test_the_config_of_a_run_made_before_tasks_were_classes_still_builds():
@@ -135,10 +135,9 @@ def test_a_study_stage_refuses_a_misfit_before_any_run(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "kept").write_text("an earlier run")
-    r = subprocess.run([sys.executable, "-m", "pipelines.study", "xpos", "--tasks", "lm", "mlm", "--seeds", "0",
-                        "--workers", "1", "--runs-dir", str(runs), "--results", str(tmp_path / "r.json"),
-                        "--extrapolation", str(tmp_path / "e.csv")], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "pipelines.study", "xpos", "--params", study_params(tmp_path, lm={}, mlm={}),
+                        "--tasks", "lm", "mlm", "--workers", "1", "--runs-dir", str(runs), "--results-dir",
+                        str(tmp_path / "results")], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "study refused, nothing was run" in r.stderr and "scheme xpos cannot take task mlm" in r.stderr
-    assert (runs / "kept").read_text() == "an earlier run" and not (tmp_path / "r.json").exists()
-    assert not json.dumps(sorted(p.name for p in tmp_path.iterdir())).count("e.csv")
+    assert (runs / "kept").read_text() == "an earlier run" and not (tmp_path / "results").exists()

@@ -308,6 +308,17 @@ class Settings:
     extra: dict = field(default_factory=dict)
 
 
+def rows_at_lengths(run_dir: str, rule: str | None, label: dict | None, base_len: int, device: str,
+                    multipliers: Sequence[int], max_tokens: int | None) -> list[dict]:
+    """A study's rows of one trained run (``posenc.tasks.CausalLM.evaluate``): perplexity of
+    non-overlapping windows at each multiple of ``base_len`` (L), with a zero-shot ``rule``
+    switched on, or labelled as a fine-tuned run (``label``: its scheme and extension)."""
+    settings = Settings(methods=("nonoverlapping",), device=device, progress=False,
+                        lengths=[m * base_len for m in multipliers], max_tokens=max_tokens, extension=rule,
+                        extra=label | {"train_len": base_len} if label else {})
+    return evaluate_checkpoint(run_dir, settings)[0]
+
+
 def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None, out: str | None = None):
     """Evaluate one checkpoint (path, run folder or MLflow run id) at every length.
 

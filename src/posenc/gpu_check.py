@@ -200,15 +200,25 @@ def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: st
 PAPER_PARAMS = project_root() / "profiles" / "paper" / "params.yaml"
 
 
+def study_tasks(params: dict) -> dict:
+    """The ``tasks:`` entries of a study's params, also from the params a run recorded before
+    tasks had one shape (``lm``, ``mlm``, ``retrieval`` keys of their own, top-level ``seeds``)."""
+    if "tasks" in params:
+        return params["tasks"]
+    lm, mlm, ret = params["lm"], params["mlm"], params["retrieval"]
+    return {"lm": {"seeds": params["seeds"], "steps": lm["steps"], "seq_len": lm["train_len"], "batch_size": lm["batch_size"]},
+            "mlm": {"seeds": mlm.get("seeds", params["seeds"]), "steps": mlm["steps"], "seq_len": mlm["seq_len"],
+                    "batch_size": mlm["batch_size"]},
+            "retrieval": {"seeds": ret["seeds"], "steps": ret["cap"], "seq_len": lm["train_len"],
+                          "batch_size": ret["batch_size"]}}  # fmt: skip
+
+
 def paper_jobs(params: dict) -> list[dict]:
     """Every training run of a study's params.yaml: scheme, task, seeds, steps, length and batch (tokens a step).
     Retrieval runs count at their cap (they stop earlier, at the criterion)."""
-    seeds = len(str(params["seeds"]).split())
     kinds = {
-        "lm": (seeds, params["lm"]["steps"], params["lm"]["train_len"], params["lm"]["batch_size"]),
-        "mlm": (seeds, params["mlm"]["steps"], params["mlm"]["seq_len"], params["mlm"]["batch_size"]),
-        "retrieval": (len(str(params["retrieval"]["seeds"]).split()), params["retrieval"]["cap"],
-                      params["lm"]["train_len"], params["retrieval"]["batch_size"]),
+        name: (len(str(t["seeds"]).split()), t["steps"], t["seq_len"], t["batch_size"])
+        for name, t in study_tasks(params).items()
     }  # fmt: skip
     return [{"scheme": scheme, "task": task, "runs": kinds[task][0], "steps": kinds[task][1], "T": kinds[task][2],
              "batch": kinds[task][3]}
@@ -482,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             params = yaml.safe_load(PAPER_PARAMS.read_text())
             lengths = sorted({j["T"] for j in paper_jobs(params)})
             extra = ("--vocab-size", str(params["vocab_size"]), "--no-memory",
-                     "--tokens-per-batch", str(params["lm"]["train_len"] * params["lm"]["batch_size"]))
+                     "--tokens-per-batch", str(study_tasks(params)["lm"]["seq_len"] * study_tasks(params)["lm"]["batch_size"]))
             paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
                               extra if a.device == "cuda" else ("--no-memory",))
             res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
