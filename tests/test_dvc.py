@@ -301,7 +301,8 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "figures/retrieval/reach.png", "figures/retrieval/reach.svg", "figures/retrieval_table.md",
                    "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv",
                    "figures/retrieval/steps.png", "figures/retrieval/steps.svg", "figures/retrieval_steps.md",
-                   "results/retrieval_table.json", "docs/results.md", "README.md"} | {
+                   "results/retrieval_table.json", "results/tasks_table.json", "figures/tasks_table.md", "docs/results.md",
+                   "README.md"} | {
                       f"results/times/{s}.json" for s in ROUTE_STAGES - {"report"}}
 
 

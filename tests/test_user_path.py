@@ -257,3 +257,46 @@ def test_the_pipelines_pin_mkl_for_every_stage_and_job():
     env["MKL_ENABLE_INSTRUCTIONS"] = "AVX512"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "AVX512"
+
+
+#: ``python train.py`` with Hydra's composition and the settings' checks counted
+COUNTED = """
+import atexit, runpy, sys
+from hydra._internal import config_loader_impl
+import posenc.config, posenc.tasks, posenc.train
+count = {"composed": 0, "checked": 0, "tasks": 0}
+load, check = config_loader_impl.ConfigLoaderImpl.load_configuration, posenc.config.check_config
+def counted_load(self, *a, **k):
+    count["composed"] += 1
+    return load(self, *a, **k)
+def counted_check(cfg, task=None):
+    count["checked"] += 1
+    return check(cfg, task)
+task_init = posenc.tasks.Task.__init__
+def counted_task(self, *a, **k):
+    count["tasks"] += 1
+    task_init(self, *a, **k)
+posenc.tasks.Task.__init__ = counted_task
+config_loader_impl.ConfigLoaderImpl.load_configuration = counted_load
+posenc.config.check_config = posenc.train.check_config = counted_check
+atexit.register(lambda: print(f"COUNTED {count['composed']} {count['checked']} {count['tasks']}", file=sys.stderr))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_run_composes_its_config_once_and_checks_it_once(tmp_path, data_root, cache_dir):
+    """``python train.py encoding=alibi``: Hydra composes the config once (its config loader
+    is called once), the checks run once and one task object serves the checks, the data and
+    the module; the run trains and its folder holds Hydra's record of that config. (Before:
+    four compositions, the one-line refusals' two and Hydra's wrapper's two, one of them to
+    read the mode; two checks; three task objects.)"""
+    r = subprocess.run([sys.executable, "-c", COUNTED, str(REPO / "train.py"), "encoding=alibi",
+                        *cli_overrides(cache_dir), "logger=null", "trainer.max_steps=2", "trainer.val_check_interval=2"],
+                       cwd=tmp_path, env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "COUNTED 1 1 1" in r.stderr.splitlines(), r.stderr[-1000:]
+    (run,) = [p.parent for p in tmp_path.rglob("metrics.json")]
+    assert "name: alibi" in (run / ".hydra" / "config.yaml").read_text()
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 2

@@ -1,11 +1,13 @@
 """``python train.py``: the command line around ``posenc.train.train``.
 
-``main`` is the Hydra wrapper (``@hydra.main``), ``cli`` what ``train.py`` runs: a
-single run whose overrides do not compose stops first with one line (exit 2, no
-traceback, nothing written); a refused run (``ConfigError``, ``DataError``) is one
-line too. Kept apart from ``posenc.train`` so that the command line can change
-without touching the code every training run goes through (the study's stages
-depend on that, ``posenc.fingerprint.study_core``).
+``cli`` is what ``train.py`` runs. A single run is composed once (``run_once``: Hydra's own
+path for a run, the config it composes is the one that is checked and trained); overrides
+that do not compose stop it with one line (exit 2, no traceback, nothing written), and a
+refused run (``ConfigError``, ``DataError``, from ``train``'s checks) is one line too. A
+sweep (``-m``) and Hydra's flags go through ``main``, the ``@hydra.main`` wrapper, a sweep
+after every point has been checked. Kept apart from ``posenc.train`` so that the command
+line can change without touching the code every training run goes through (the study's
+stages depend on that, ``posenc.fingerprint.study_core``).
 """
 
 from __future__ import annotations
@@ -62,21 +64,27 @@ def help_text(overrides: list[str]) -> str:
 def refuse(error: Exception) -> None:
     """A refused run: one line naming the setting and the fix, no traceback,
     and Hydra's folder for this job removed when nothing but Hydra's own files
-    is in it (so refused runs leave no orphan run folders)."""
+    is in it, with the folders above it that it leaves empty, up to the working
+    folder (so a refused run leaves no orphan run folder)."""
     try:
         hydra_cfg = HydraConfig.get()
         job_dir, log = Path(hydra_cfg.runtime.output_dir), f"{hydra_cfg.job.name}.log"
+        cwd = Path(hydra_cfg.runtime.cwd).resolve()
     except ValueError:
-        job_dir = log = None
+        job_dir = log = cwd = None
     if job_dir is not None and job_dir.is_dir():
         if {p.name for p in job_dir.iterdir()} <= {".hydra", log}:
             shutil.rmtree(job_dir, ignore_errors=True)
+            for parent in job_dir.resolve().parents:
+                if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
+                    break
+                parent.rmdir()
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def run_task(cfg: DictConfig) -> float | None:
+    """A run's job: train it; a refusal is one line, an interrupt exits 130."""
     try:
         metrics = train(cfg)
     except (ConfigError, DataError) as e:
@@ -87,39 +95,99 @@ def main(cfg: DictConfig) -> float | None:
     return metrics.get("val/loss")
 
 
+#: Hydra's wrapper: a sweep's points (``-m``) and Hydra's own flags
+main = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")(run_task)
+
+
+def run_once(args: list[str]) -> None:
+    """One run with its config composed once, by Hydra's own path for a run (what ``hydra.main``
+    does, less its second composition to read the mode): compose, then ``run_job``, which
+    makes the run folder, ``.hydra/`` and the log and calls ``run_task``. Overrides that do
+    not compose are refused in one line (``explain``), before anything is written."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.errors import HydraException
+    from hydra.types import HydraContext, RunMode
+
+    plain = run_overrides(args)
+    message = not_a_run(plain)
+    search_path = create_automatic_config_search_path(None, __name__, CONFIG_DIR)
+    app = Hydra.create_main_hydra2(task_name=JOB_NAME, config_search_path=search_path)
+    try:
+        if message is None:
+            cfg = app.compose_config("train", args, run_mode=RunMode.RUN, with_log_configuration=True)
+    except HydraException as e:
+        GlobalHydra.instance().clear()  # explain composes what did compose, for the closest key
+        message = explain(e, plain)
+    if message:
+        print(message, file=sys.stderr)
+        sys.exit(2)
+    cfg.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(cfg)
+
+    def job() -> None:
+        callbacks.on_run_start(config=cfg, config_name="train")
+        ret = run_job(hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+                      task_function=run_task, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None)
+        callbacks.on_run_end(config=cfg, config_name="train", job_return=ret)
+        _ = ret.return_value  # raises what the job raised
+
+    try:
+        run_and_report(job)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def not_a_run(overrides: list[str]) -> str | None:
+    """One line for an override of a config folder that is no choice of a run (``executor=gpus``)."""
+    for o in overrides:
+        group = o.lstrip("+~").split("=", 1)[0].split("/")[0]
+        if group in NOT_A_RUN_GROUP and group != "hydra":
+            return f"error: {o}: {group} is no setting of a run: {NOT_A_RUN_GROUP[group]}"
+    return None
+
+
 def composition_error(overrides: list[str]) -> str | None:
     """One line for command-line overrides that do not compose (an unknown option of a
     group, a misspelt key with the closest real one, a value of the wrong type, a
     malformed override); ``None`` when they compose. Hydra's own report of these is
     several lines and a traceback; this is what ``cli`` prints instead."""
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException
 
     from .config import compose
 
     plain = run_overrides(overrides)
-    for o in plain:
-        group = o.lstrip("+~").split("=", 1)[0].split("/")[0]
-        if group in NOT_A_RUN_GROUP and group != "hydra":
-            return f"error: {o}: {group} is no setting of a run: {NOT_A_RUN_GROUP[group]}"
+    if not_a_run(plain):
+        return not_a_run(plain)
     try:
         compose(plain)
-        return None
-    except MissingConfigException as e:
+    except HydraException as e:
+        return explain(e, plain)
+    return None
+
+
+def explain(e: Exception, plain: list[str]) -> str:
+    """One line for a composition error of the run overrides ``plain``."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(e, MissingConfigException):
         found = re.search(r"Could not find '([^/']+)/([^']+)'", str(e))
         if not found:
             return f"error: {str(e).splitlines()[0]}"
         group, name = found.groups()
         found = options(group, config_roots(plain))
         return f"error: {group}={name} is not an option; {_closest(name, found)}available: {', '.join(found)}"
-    except HydraException as e:
-        cause = str(e.__cause__ or "")
-        found = re.search(r"Could not override '([^']+)'", str(e))
-        if found and "not in struct" in cause:
-            return _misspelt(found.group(1), plain)
-        key = re.search(r"full_key: (\S+)", cause)
-        if key and cause:
-            return f"error: {key.group(1)}: {cause.splitlines()[0]}"
-        return f"error: {str(e).splitlines()[0]}"
+    cause = str(e.__cause__ or "")
+    found = re.search(r"Could not override '([^']+)'", str(e))
+    if found and "not in struct" in cause:
+        return _misspelt(found.group(1), plain)
+    key = re.search(r"full_key: (\S+)", cause)
+    if key and cause:
+        return f"error: {key.group(1)}: {cause.splitlines()[0]}"
+    return f"error: {str(e).splitlines()[0]}"
 
 
 def _closest(name: str, options: list[str]) -> str:
@@ -200,10 +268,11 @@ def precheck(points: list[list[str]]) -> str | None:
 
 
 def cli() -> None:
-    """``python train.py``: Hydra's ``main``. Settings that do not compose, or that the
-    checks refuse, stop first with one line (exit 2, as every refusal), before Hydra writes
-    a run folder; a sweep (``-m``) is checked point by point, so a refused point leaves no
-    multirun folder. Other flags (``--help``) keep Hydra's own handling."""
+    """``python train.py``: one run (``run_once``, composed once), or Hydra's ``main`` for a
+    sweep and Hydra's flags. Settings that do not compose, or that the checks refuse, stop
+    with one line (exit 2, as every refusal) and leave no run folder; a sweep (``-m``) is
+    checked point by point first, so a refused point leaves no multirun folder. Other flags
+    keep Hydra's own handling; ``--help`` lists the groups a run takes."""
     sys.argv[1:] = _null_groups(sys.argv[1:])
     if not any(a.lstrip("+~").split("=", 1)[0] == "hydra.job.name" for a in sys.argv[1:]):
         # beside the user's overrides: Hydra's parser takes them as one run of arguments, so an override
@@ -218,8 +287,11 @@ def cli() -> None:
         message = composition_error(overrides)
         print(message or help_text(overrides), file=sys.stderr if message else sys.stdout)
         sys.exit(2 if message else 0)
-    if not flags or set(flags) <= {"-m", "--multirun"}:
-        message = precheck(sweep_points(args) if flags else [args])
+    if not flags:
+        run_once(args)
+        return
+    if set(flags) <= {"-m", "--multirun"}:
+        message = precheck(sweep_points(args))
         if message:
             print(message, file=sys.stderr)
             sys.exit(2)

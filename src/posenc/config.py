@@ -128,13 +128,14 @@ def cost_warnings(cfg: DictConfig, scheme) -> list[str]:
     return out
 
 
-def check_config(cfg: DictConfig) -> list[str]:
+def check_config(cfg: DictConfig, task=None) -> list[str]:
     """Refuse impossible settings before anything is written, with one line naming the
     setting and the fix: every numeric setting in its declared range (``numeric_ranges``),
     the optimiser's betas, a device the machine has, widths that fit, the scheme (built
     alone: its own checks of widths, rotary dims, directions and the training length),
     the criterion and the retrieval window. Returns the warnings for settings that only
-    cost time (``cost_warnings``), for the caller to print."""
+    cost time (``cost_warnings``), for the caller to print. ``task``: the run's task object,
+    when the caller has built it (``posenc.train``: one per run), else built here."""
     check_ranges(cfg)
     m = cfg.model
     if m.d_model % m.n_heads:
@@ -153,8 +154,9 @@ def check_config(cfg: DictConfig) -> list[str]:
         scheme.check_length(int(cfg.data.seq_len))
     except ValueError as e:  # the scheme's own checks name the setting
         raise ConfigError(str(e)) from e
-    check_criterion(cfg)
-    build_task(cfg.task).check(cfg)
+    task = task or build_task(cfg.task)
+    check_criterion(cfg, task)
+    task.check(cfg)
     return cost_warnings(cfg, scheme)
 
 
@@ -163,13 +165,13 @@ def validation_metrics(task: DictConfig) -> list[str]:
     return build_task(task).validated()
 
 
-def check_criterion(cfg: DictConfig) -> None:
-    """A criterion (``criterion.metric``) must name a metric the task validates, with a number
-    to pass and a direction."""
+def check_criterion(cfg: DictConfig, task) -> None:
+    """A criterion (``criterion.metric``) must name a metric the task (its object) validates,
+    with a number to pass and a direction."""
     c = cfg.get("criterion") or {}
     if not c.get("metric"):
         return
-    known = validation_metrics(cfg.task)
+    known = task.validated()
     if c.metric not in known:
         raise ConfigError(f"criterion.metric={c.metric} is not validated by task={cfg.task.name}; "
                           f"choose one of {', '.join(known)}")

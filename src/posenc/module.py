@@ -42,16 +42,16 @@ class LMModule(L.LightningModule):
     the data's token checksum), which a resume must match.
     """
 
-    def __init__(self, cfg: dict[str, Any], vocab_size: int, identity: dict[str, Any] | None = None):
+    def __init__(self, cfg: dict[str, Any], vocab_size: int, identity: dict[str, Any] | None = None, task=None):
         super().__init__()
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(ignore=["task"], logger=False)  # the config rebuilds the task
         self.cfg = OmegaConf.create(cfg)
         self.model = build_model(self.cfg, vocab_size)
         # one window: Lightning's model summary counts FLOPs with it
         self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
-        task = build_task(self.cfg.task)
+        task = task or build_task(self.cfg.task)  # the run's own object, when given
         self.with_accuracy, self.with_exact = task.accuracy, task.exact_match
         # a task that scores a suffix of every window (retrieval: the answers of its queries):
         # the model computes the top layer for that suffix alone (``Transformer.forward(last=)``)

@@ -31,6 +31,7 @@ from .errors import ConfigError
 from .files import write_json, write_text
 from .module import LMModule
 from .runs import RunFolder, load_state, run_info
+from .tasks import build as build_task
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +325,10 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     comes before anything is written; a refusal raises ``ConfigError`` or
     ``DataError``.
     """
-    for warning in check_config(cfg):
+    task = build_task(cfg.task)  # one object for the checks, the data and the module
+    for warning in check_config(cfg, task):
         log.warning(warning)
-    datamodule = instantiate(cfg.data)
+    datamodule = instantiate(cfg.data, task=task)
     datamodule.prepare_data()  # errors about data surface here, before any run exists
     identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
     ckpt, resumed_meta = resolve_resume(cfg, identity)
@@ -336,7 +338,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
                  "(optim.lr x optim.min_lr_ratio = %g) to step %d", RunFolder.of(ckpt).path, cfg.optim.schedule_steps,
                  cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.trainer.max_steps)
     L.seed_everything(cfg.seed, workers=True)
-    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity)
+    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity, task)
     if cfg.get("init_from"):
         initial_weights(module, cfg.init_from)
 
