@@ -246,20 +246,24 @@ def tasks_table(run_files: list[str | Path], names: list[str]) -> dict:
 
 
 def tasks_markdown(t: dict) -> str:
-    """One table per task: its validation metrics by scheme (shares in %)."""
+    """One table per task: its validation metrics by scheme (shares in %), mean ± sd, or the
+    value alone for one seed (no spread to give)."""
 
-    def cell(c: dict | None, share: bool) -> str:
+    def cell(c: dict | None, share: bool, n: int) -> str:
         k, digits = (100, 1) if share else (1, 3)
-        return "—" if c is None else f"{k * c['mean']:.{digits}f} ± {k * c['sd']:.{digits}f}"
+        if c is None:
+            return "—"
+        return f"{k * c['mean']:.{digits}f}" + (f" ± {k * c['sd']:.{digits}f}" if n > 1 else "")
 
     parts = []
     for name, e in t.items():
         share = {m: m.endswith(("acc", "exact")) for m in e["metrics"]}
         head = " | ".join(f"{m}{' (%)' if share[m] else ''}" for m in e["metrics"])
         title = f", {e['title']}" if e["title"] != name else ""
-        lines = [f"**`{name}`**{title} (`{e['class']}`): validation at the end of training, mean ± sd over seeds", "", f"| scheme | {head} | steps | seeds |", "| --- |" + " ---: |" * (len(e["metrics"]) + 2)]
+        lines = [f"**`{name}`**{title} (`{e['class']}`): validation at the end of training, mean ± sd over seeds "
+                 "(one seed: its value)", "", f"| scheme | {head} | steps | seeds |", "| --- |" + " ---: |" * (len(e["metrics"]) + 2)]
         for scheme, row in e["schemes"].items():
-            cells = " | ".join(cell(row["metrics"].get(m), share[m]) for m in e["metrics"])
+            cells = " | ".join(cell(row["metrics"].get(m), share[m], len(row["seeds"])) for m in e["metrics"])
             steps = "—" if row["steps"] is None else f"{row['steps']:.0f}"
             lines.append(f"| `{scheme}` | {cells} | {steps} | {len(row['seeds'])} |")
         parts.append("\n".join(lines))

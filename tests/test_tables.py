@@ -513,3 +513,12 @@ def test_the_every_task_table_asks_each_task_what_it_logs(tmp_path):
     assert "**`mlm`**, the masked LM (`posenc.tasks.MaskedLM`)" in md
     assert "| `none` | 2.500 ± 0.707 | 8.000 ± 1.414 | 35.0 ± 7.1 | 100 | 2 |" in md
     assert "| scheme | val/loss | val/ppl | val/acc (%) | val/exact (%) | steps | seeds |" in md
+
+
+def test_the_every_task_table_gives_one_seed_its_value_alone(tmp_path):
+    f = tmp_path / "none.json"
+    f.write_text(json.dumps({"scheme": "none", "runs": [
+        {"scheme": "none", "task": "retrieval", "seed": 0, "val/loss": 0.5, "val/ppl": 1.6, "val/acc": 0.9,
+         "val/exact": 0.75, "global_step": 300}]}))
+    md = tables.tasks_markdown(tables.tasks_table([f], ["retrieval"]))
+    assert "| `none` | 0.500 | 1.600 | 90.0 | 75.0 | 300 | 1 |" in md
