@@ -45,7 +45,6 @@ stage must not pay for them.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import multiprocessing as mp
@@ -59,6 +58,7 @@ from pathlib import Path
 
 from posenc import CONFIG_DIR
 from posenc.errors import ConfigError
+from posenc.spelling import did_you_mean
 
 PRESETS = Path(CONFIG_DIR) / "executor"
 #: the environment variable that chooses the executor when --executor is not given
@@ -92,8 +92,7 @@ def resolve(spec: str | None) -> Path:
         return path
     path = PRESETS / f"{spec}.yaml"
     if "/" in spec or not path.is_file():
-        close = difflib.get_close_matches(spec, presets(), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint = did_you_mean(spec, presets(), ignore_case=False)
         raise ConfigError(f"{given}unknown executor {spec!r}: {hint}the presets are {', '.join(presets())} "
                           "(conf/executor/<name>.yaml), or give the path of your own .yaml")
     return path

@@ -12,7 +12,6 @@ stages depend on that, ``posenc.fingerprint.study_core``).
 
 from __future__ import annotations
 
-import difflib
 import re
 import shutil
 import sys
@@ -25,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import CONFIG_DIR, tracking
 from .callbacks import RunInterrupted
 from .errors import ConfigError, DataError
+from .spelling import did_you_mean
 from .train import train
 
 
@@ -179,7 +179,7 @@ def explain(e: Exception, plain: list[str]) -> str:
             return f"error: {str(e).splitlines()[0]}"
         group, name = found.groups()
         found = options(group, config_roots(plain))
-        return f"error: {group}={name} is not an option; {_closest(name, found)}available: {', '.join(found)}"
+        return f"error: {group}={name} is not an option; {did_you_mean(name, found)}available: {', '.join(found)}"
     cause = str(e.__cause__ or "")
     found = re.search(r"Could not override '([^']+)'", str(e))
     if found and "not in struct" in cause:
@@ -188,13 +188,6 @@ def explain(e: Exception, plain: list[str]) -> str:
     if key and cause:
         return f"error: {key.group(1)}: {cause.splitlines()[0]}"
     return f"error: {str(e).splitlines()[0]}"
-
-
-def _closest(name: str, options: list[str]) -> str:
-    """"did you mean 'rope'? " for ``RoPE`` or ``rop``, or nothing when no option is close."""
-    lower = {o.lower(): o for o in options}
-    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
-    return f"did you mean {lower[close[0]]!r}? " if close else ""
 
 
 def _is_searchpath(override: str) -> bool:
@@ -223,9 +216,8 @@ def _misspelt(key: str, overrides: list[str]) -> str:
 
     base = compose([o for o in overrides if o.split("=", 1)[0] != key])
     keys = list(tracking.flatten(OmegaConf.to_container(base, resolve=False)))
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key)
-    hint = f"did you mean {close[0]}? " if close else ""
+    hint = did_you_mean(key, keys, quote=False, ignore_case=False)
     return f"error: {key} is not a setting; {hint}(to add a new key, write +{key}={value})"
 
 
