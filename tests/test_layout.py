@@ -138,3 +138,19 @@ def test_every_function_of_the_pipelines_and_the_analysis_reads_at_once():
                 if n >= 60:
                     long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
     assert long == []
+
+
+def test_the_report_templates_name_no_scheme():
+    """The report's templates follow the schemes that ``params.yaml`` names before the data
+    (the tables' references, ``report:``): no Jinja expression in them names a scheme, as a
+    string (``'rope'``, ``'rope+'``) or an attribute (``lm.t5_bias``)."""
+    names = "|".join(sorted((p.stem for p in (REPO / "conf/encoding").glob("*.yaml")), key=len, reverse=True))
+    named = re.compile(rf"""["']({names})\+?["']|\.({names})\b""")
+    found = []
+    for p in sorted((REPO / "docs/templates").glob("*.j2")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            for expr in re.findall(r"\{[{%](.*?)[%}]\}", line):
+                expr = re.sub(r"(selectattr|rejectattr)\([^)]*\)", "", expr)  # Jinja's tests ('none') are no schemes
+                if named.search(expr):
+                    found.append(f"{p.name}:{n}: {expr.strip()}")
+    assert found == []
