@@ -45,6 +45,8 @@ REDUCED = {
     "lm_table": {"reference": "alibi", "margin": 0.05},
     "mlm_table": {"reference": "none", "question": "alibi", "against": "none", "margin": 0.02},
     "retrieval_table": {"reference": "none", "margin": 0.1},
+    "report": {"bucket_control": {"plain": "t5_bias", "variant": "t5_bias_scaled"}, "rules_of": "rope",
+               "reach": {"near": "alibi", "spread": "rope"}},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
 }
