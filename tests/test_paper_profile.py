@@ -4,7 +4,7 @@ one step, on CPU, so that whoever has the GPUs it is sized for can start it know
 
 Only what cannot run here is changed, and the test says which: the trainer (CPU), the
 counts (one step, one seed, batches of one or two, few evaluation tokens and trials, lengths
-L and 2L, the fine-tune rule's 200 steps cut to 1) and the corpus, which is not on this
+L and 2L for both the causal LM and the retrieval grid, the fine-tune rule's 200 steps cut to 1) and the corpus, which is not on this
 machine: WikiText-2's first lines stand in for WikiText-103 under its name and file layout.
 The training length, the vocabulary size, the learning rates, the heads and the schemes with
 their tasks and rules are the paper profile's own. Two things more are cut for a CPU and its
@@ -37,7 +37,7 @@ ONE_STEP = {
                      "evaluate": {"multipliers": "1 2", "max_tokens": 1024}},
               "mlm": {"seeds": "0", "steps": 1, "validate_every": 1, "batch_size": 2},
               "retrieval": {"seeds": "0", "steps": 1, "validate_every": 1, "batch_size": 1,
-                            "evaluate": {"trials": 1, "attention_trials": 1}}},
+                            "evaluate": {"multipliers": "1 2", "trials": 1, "attention_trials": 1}}},
     "correlations": {"batches": 1},
 }
 #: appended to the profile's own `common` overrides: one validation and one test batch of one
