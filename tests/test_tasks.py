@@ -141,3 +141,47 @@ def test_a_study_stage_refuses_a_misfit_before_any_run(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "study refused, nothing was run" in r.stderr and "scheme xpos cannot take task mlm" in r.stderr
     assert (runs / "kept").read_text() == "an earlier run" and not (tmp_path / "results").exists()
+
+
+def test_a_task_entry_of_the_params_file_is_refused_naming_its_key():
+    """Every entry of ``tasks:`` has the same keys; a missing or extra one, a count that is no
+    whole number, or ``evaluate`` settings the task cannot score with are refused by name."""
+    from posenc.tasks import STUDY_KEYS, check_spec
+
+    from .helpers import EVALUATE, TASK_ENTRY
+
+    check_spec("lm", {**TASK_ENTRY, "evaluate": EVALUATE["lm"]})
+    with pytest.raises(ConfigError, match=r"^tasks: lm: lacks seeds \(the keys of every task: seeds, "):
+        check_spec("lm", {k: v for k, v in TASK_ENTRY.items() if k != "seeds"})
+    with pytest.raises(ConfigError, match="has no key cap"):
+        check_spec("retrieval", {**TASK_ENTRY, "cap": 4000})
+    with pytest.raises(ConfigError, match="steps must be a whole number at least 1"):
+        check_spec("lm", {**TASK_ENTRY, "steps": 2.5})
+    with pytest.raises(ConfigError, match="criterion must be null or"):
+        check_spec("lm", {**TASK_ENTRY, "criterion": 0.9})
+    assert list(STUDY_KEYS) == list(TASK_ENTRY)
+    with pytest.raises(ConfigError, match=r"tasks: mlm: evaluate: has no key multipliers \(this task takes none"):
+        load("mlm").check_evaluate("mlm", {"multipliers": "1 2"})
+    with pytest.raises(ConfigError, match="evaluate: lacks trials"):
+        load("retrieval").check_evaluate("retrieval", {"multipliers": "1", "attention_trials": 0})
+    with pytest.raises(ConfigError, match="attention_trials between 0 and trials, not 4 and 5"):
+        load("retrieval").check_evaluate("retrieval", {"multipliers": "1", "trials": 4, "attention_trials": 5})
+    with pytest.raises(ConfigError, match="multipliers must be whole numbers at least 1"):
+        load("lm").check_evaluate("lm", {"multipliers": "0 2"})
+
+
+@pytest.mark.parametrize("entry, tasks, says", [
+    ({"steps": 0}, ["lm"], "tasks: lm: steps must be a whole number at least 1"),
+    ({}, ["lm", "mlm"], "task mlm has no entry in "),
+])
+def test_a_study_refuses_a_bad_task_entry_in_one_line_before_anything_runs(tmp_path, capsys, entry, tasks, says):
+    from pipelines import study
+
+    params = study_params(tmp_path, lm=entry)
+    with pytest.raises(SystemExit) as stop:
+        study.main(["none", "--params", params, "--tasks", *tasks, "--runs-dir", str(tmp_path / "runs"),
+                    "--results-dir", str(tmp_path / "results")])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"study refused, nothing was run: {says}")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
