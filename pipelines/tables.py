@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
     names = list((yaml.safe_load(Path(a.params).read_text()) or {}).get("tasks") or {}) if a.params else []
-    ran = [r["task"] for f in runs.values() for r in json.loads(Path(f).read_text())["runs"]]
-    tasks = tasks_table(list(runs.values()), names or list(dict.fromkeys(ran)))
+    names = names or list(dict.fromkeys(r["task"] for f in runs.values() for r in json.loads(Path(f).read_text())["runs"]))
+    tasks = tasks_table(list(runs.values()), names)
     write_json(out / "tasks_table.json", tasks)
     write_text(md / "tasks_table.md", tasks_markdown(tasks))
     write_json(out / "timing.json", timing(list(runs.values())))

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from .conftest import REPO
+from .test_tasks import TOY_YAML
 
 REDUCED = {
     "data": "tinyshakespeare",
@@ -52,45 +53,10 @@ REDUCED = {
 }
 
 
-#: a toy task, as a researcher adds one: a class in a module of their own and a YAML naming it
-#: (at the last position of a window, name the window's first token)
-TOY_TASK = {
-    "src/first_token.py": '''
-import torch
-from torch.utils.data import Dataset
-
-from posenc.targets import IGNORE
-from posenc.tasks import Task
-
-
-class FirstTokenWindows(Dataset):
-    def __init__(self, windows):
-        self.windows = windows
-
-    def __len__(self):
-        return len(self.windows)
-
-    def __getitem__(self, i):
-        x, _ = self.windows[i]
-        y = torch.full_like(x, IGNORE)
-        y[-1] = x[0]
-        return x, y
-
-
-class FirstToken(Task):
-    """At the last position of a window, name the window's first token."""
-
-    accuracy = True
-    exact_match = True
-
-    def dataset(self, dm, windows, split):
-        return FirstTokenWindows(windows)
-
-    def scored_suffix(self, seq_len):
-        return 1
-''',
-    "conf/task/first.yaml": "_target_: first_token.FirstToken\nname: first\ncausal: true\ncls: false\n",
-}
+#: a task the project does not have, as a researcher adds one: a class in a module of their own
+#: (``tests.test_tasks.FirstToken``: at the last position, name the window's first token) and a YAML
+#: naming it; the params entry is REDUCED's ``tasks: first:``
+TOY_TASK = {"conf/task/first.yaml": TOY_YAML}
 
 
 def _copy_project(dst: Path, results: bool = False) -> None:
@@ -223,9 +189,9 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     # the toy task, added by its class, its YAML and its params entry alone: trained for both
     # schemes that list it, and its table is in the tables and the report
     toy = json.loads((tmp_path / "results/tasks_table.json").read_text())["first"]
-    assert toy["class"] == "first_token.FirstToken" and toy["metrics"] == ["val/loss", "val/ppl", "val/acc", "val/exact"]
+    assert toy["class"] == "tests.test_tasks.FirstToken" and toy["metrics"] == ["val/loss", "val/ppl", "val/acc", "val/exact"]
     assert set(toy["schemes"]) == {"none", "alibi"} and toy["schemes"]["none"]["seeds"] == [0, 1]
-    assert "**`first`** (`first_token.FirstToken`)" in (tmp_path / "docs/results.md").read_text()
+    assert "**`first`** (`tests.test_tasks.FirstToken`)" in (tmp_path / "docs/results.md").read_text()
     # committed results name no absolute path of the machine that made them
     for f in ("results/prepare.json", "results/correlations.json", "results/extrapolation.csv",
               "results/runs/alibi.json", "results/pretrained_minilm.json", "results/mlflow_study.json"):

@@ -114,14 +114,14 @@ def run_once(args: list[str]) -> None:
 
     plain = run_overrides(args)
     message = not_a_run(plain)
-    search_path = create_automatic_config_search_path(None, __name__, CONFIG_DIR)
-    app = Hydra.create_main_hydra2(task_name=JOB_NAME, config_search_path=search_path)
-    try:
-        if message is None:
+    if message is None:
+        search_path = create_automatic_config_search_path(None, __name__, CONFIG_DIR)
+        app = Hydra.create_main_hydra2(task_name=JOB_NAME, config_search_path=search_path)
+        try:
             cfg = app.compose_config("train", args, run_mode=RunMode.RUN, with_log_configuration=True)
-    except HydraException as e:
-        GlobalHydra.instance().clear()  # explain composes what did compose, for the closest key
-        message = explain(e, plain)
+        except HydraException as e:
+            GlobalHydra.instance().clear()  # explain composes what did compose, for the closest key
+            message = explain(e, plain)
     if message:
         print(message, file=sys.stderr)
         sys.exit(2)
@@ -160,8 +160,9 @@ def composition_error(overrides: list[str]) -> str | None:
     from .config import compose
 
     plain = run_overrides(overrides)
-    if not_a_run(plain):
-        return not_a_run(plain)
+    message = not_a_run(plain)
+    if message:
+        return message
     try:
         compose(plain)
     except HydraException as e:

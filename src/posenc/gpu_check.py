@@ -491,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
 
             params = yaml.safe_load(PAPER_PARAMS.read_text())
             lengths = sorted({j["T"] for j in paper_jobs(params)})
+            lm = study_tasks(params)["lm"]
             extra = ("--vocab-size", str(params["vocab_size"]), "--no-memory",
-                     "--tokens-per-batch", str(study_tasks(params)["lm"]["seq_len"] * study_tasks(params)["lm"]["batch_size"]))
+                     "--tokens-per-batch", str(lm["seq_len"] * lm["batch_size"]))
             paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
                               extra if a.device == "cuda" else ("--no-memory",))
             res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
