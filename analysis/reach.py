@@ -98,10 +98,11 @@ def checkpoint_reach(ckpt, multipliers: Sequence[int], extension: str | None = N
     from posenc.runs import load_state, module_from_state, run_data, stored_run
 
     state = load_state(ckpt)
-    cfg = stored_run(state, ckpt)["cfg"]
+    recorded = stored_run(state, ckpt)
+    cfg = recorded["cfg"]
     L = int(cfg["data"]["seq_len"])
     module = module_from_state(state, ckpt, "cpu", {"scaling": extension, "original_len": L} if extension else None)
-    tokens = run_data(cfg, vocab_size=int(module.hparams["vocab_size"])).tokens("validation")
+    tokens = run_data(cfg, vocab_size=int(recorded["vocab_size"])).tokens("validation")
     base = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "seed": cfg["seed"],
             "train_len": L}
     return [{**base, "multiple": r["length"] // L, **r}

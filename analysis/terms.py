@@ -287,16 +287,17 @@ def checkpoint_term_maps(
     (``posenc.runs.run_data``) at ``length`` (default: the training length)."""
     from omegaconf import OmegaConf
 
-    from posenc.runs import load_module, run_data
+    from posenc.runs import load_state, module_from_state, run_data, stored_run
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
-    module = load_module(path)
-    model, cfg = module.model, OmegaConf.create(module.hparams["cfg"])
+    state = load_state(path)
+    model = module_from_state(state, path).model
+    cfg = OmegaConf.create(stored_run(state, path)["cfg"])
     length = int(length or cfg.data.seq_len)
     model.check_length(length)
     settings = {"seq_len": length, **({"eval_batch_size": int(batch_size)} if batch_size else {})}
-    dm = run_data(module.hparams["cfg"], data_dir, cache_dir, model.cfg.vocab_size, **settings)
+    dm = run_data(OmegaConf.to_container(cfg), data_dir, cache_dir, model.cfg.vocab_size, **settings)
     meta = {
         "run_name": str(cfg.run_name),
         "checkpoint": portable_path(path),

@@ -37,10 +37,11 @@ def _loaded(run_dir: str, extension: str | None, base_len: int | None, device: s
 
     res = resolve_checkpoint(run_dir, "last")
     state = load_state(res.path)
-    cfg = stored_run(state, res.path)["cfg"]
+    recorded = stored_run(state, res.path)
+    cfg = recorded["cfg"]
     L = base_len or int(cfg["data"]["seq_len"])
     module = module_from_state(state, res.path, device, {"scaling": extension, "original_len": L} if extension else None)
-    dm = run_data(cfg, vocab_size=int(module.hparams["vocab_size"]))
+    dm = run_data(cfg, vocab_size=int(recorded["vocab_size"]))
     task = rt.Task(dm.prepared, int(cfg["task"]["digits"]), 1)
     labels = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "extension": extension or "",
               "seed": cfg["seed"], "train_len": L, "run_id": res.run_id}

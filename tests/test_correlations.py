@@ -32,7 +32,7 @@ from pipelines import term_maps
 from analysis import heatmaps
 from analysis import terms as term_stats
 from posenc.encodings.base import TERM_NAMES
-from posenc.runs import load_module, run_data
+from posenc.runs import load_module, load_state, run_data, stored_run
 from posenc.train import train
 
 from .conftest import FAST
@@ -118,10 +118,11 @@ def checkpoints(tmp_path_factory, data_root, cache_dir):
 
 @pytest.mark.parametrize("enc", list(SCHEMES))
 def test_checkpoint_terms_sum_to_first_layer_logits(checkpoints, data_root, enc):
-    module = load_module(checkpoints[enc])
-    model, cfg = module.model, OmegaConf.create(module.hparams["cfg"])
+    model = load_module(checkpoints[enc]).model
+    recorded = stored_run(load_state(checkpoints[enc]), checkpoints[enc])["cfg"]
+    cfg = OmegaConf.create(recorded)
     assert not model.training and cfg.encoding.name == enc
-    dm = run_data(module.hparams["cfg"], data_root, vocab_size=model.cfg.vocab_size, eval_batch_size=3)
+    dm = run_data(recorded, data_root, vocab_size=model.cfg.vocab_size, eval_batch_size=3)
     (x,) = term_stats.sample_batches(dm, 1)
     assert x.shape == (3, SEQ_LEN)
     if cfg.task.cls:  # the model's own data: masked inputs after [CLS]

@@ -599,11 +599,11 @@ def recorded(monkeypatch, tmp_path):
 
     def stored_run(st, path):
         record("stored_run", st, path)
-        return {"cfg": rec.cfg}
+        return {"cfg": rec.cfg, "vocab_size": V}
 
     def module_from_state(st, path, device, scheme_settings):
         record("module", st, path, device, scheme_settings)
-        return SimpleNamespace(model=rec.model, hparams={"vocab_size": V})
+        return SimpleNamespace(model=rec.model)
 
     def run_data(cfg, data_dir, cache_dir, vocab_size):
         record("run_data", cfg, data_dir, cache_dir, vocab_size)

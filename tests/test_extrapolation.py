@@ -112,7 +112,7 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     at 2L, as the study's pi@2x<steps> does); weights of another model are refused."""
     from pipelines.study import finetune_overrides, parse_extension
     from posenc.errors import ConfigError
-    from posenc.runs import load_module
+    from posenc.runs import RECORD, load_module, load_state
 
     assert parse_extension("yarn") == ("yarn", 0, 0) and parse_extension("pi@4x200") == ("pi", 4, 200)
     for bad in ("pi@4", "pi@0x10", "pi@4xten"):
@@ -136,7 +136,9 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     assert math.log(row["ppl"]) == pytest.approx(metrics["val/loss"], rel=1e-6)
     tuned = load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
     assert tuned.model.blocks[0].attn.scheme.scaling == "pi"
-    assert tuned.hparams["cfg"]["init_from"] == str(ckpt)
+    tuned_ckpt = tmp_path / "tuned" / "checkpoints" / "last.ckpt"
+    record = load_state(tuned_ckpt)[RECORD]  # the run's record: its config, vocabulary size and identity
+    assert record["cfg"]["init_from"] == str(ckpt) and record["vocab_size"] == tuned.model.cfg.vocab_size
     start = load_module(ckpt).model.state_dict()
     assert all(torch.equal(v, start[k]) for k, v in tuned.model.state_dict().items())
     wider = compose_cfg(tmp_path, data_root, cache_dir, "model.d_model=64", f"init_from={ckpt}")

@@ -224,16 +224,18 @@ def _checkpoint(make_cfg, path, vocab_extra=0, encoding="rope"):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from posenc.module import LMModule
+    from posenc.config import build_model
 
     cfg = OmegaConf.to_container(make_cfg("model=micro", f"encoding={encoding}", "seed=3"), resolve=True)
     dm = instantiate(OmegaConf.create(cfg["data"]))
     dm.prepare_data()
     vocab = dm.tokenizer_vocab_size + vocab_extra
     torch.manual_seed(0)
-    module = LMModule(cfg, vocab)
+    model = build_model(cfg, vocab)
+    # written as posenc wrote checkpoints before the run's record had a key of its own
+    # (the module's Lightning hyper-parameters): posenc.runs.stored_run reads both
     torch.save({"hyper_parameters": {"cfg": cfg, "vocab_size": vocab, "identity": None},
-                "state_dict": module.state_dict()}, path)
+                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, path)
     return dm.tokens("validation")
 
 

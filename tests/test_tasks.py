@@ -16,7 +16,7 @@ import yaml
 from torch.utils.data import Dataset
 
 from posenc import CONFIG_DIR
-from posenc.config import check_config, compose, validation_metrics
+from posenc.config import check_config, compose
 from posenc.errors import ConfigError
 from posenc.targets import IGNORE
 from posenc.tasks import CausalLM, MaskedLM, Retrieval, Task, build, load, misfits
@@ -74,9 +74,9 @@ def conf(tmp_path):
 
 def test_each_task_config_names_its_class_and_the_classes_say_what_validation_logs():
     assert [type(load(t)) for t in ("lm", "mlm", "retrieval")] == [CausalLM, MaskedLM, Retrieval]
-    assert validation_metrics(compose(["task=lm"]).task) == ["val/loss", "val/ppl"]
-    assert validation_metrics(compose(["task=mlm"]).task) == ["val/loss", "val/ppl", "val/acc"]
-    assert validation_metrics(compose(["task=retrieval"]).task) == ["val/loss", "val/ppl", "val/acc", "val/exact"]
+    assert build(compose(["task=lm"]).task).validated() == ["val/loss", "val/ppl"]
+    assert build(compose(["task=mlm"]).task).validated() == ["val/loss", "val/ppl", "val/acc"]
+    assert build(compose(["task=retrieval"]).task).validated() == ["val/loss", "val/ppl", "val/acc", "val/exact"]
     assert load("retrieval").scored_suffix(64) == 5 and load("lm").scored_suffix(64) is None
     assert [load(t).results for t in ("lm", "mlm", "retrieval")] == ["extrapolation", None, "retrieval"]
 

@@ -105,7 +105,7 @@ def test_heads_must_divide_width(make_cfg):
 
 def test_failure_during_fit_marks_run_failed(make_cfg, tmp_path):
     # a learning rate of inf drives the loss to nan: training must stop, run FAILED
-    with pytest.raises(FloatingPointError, match="encoding=rope"):
+    with pytest.raises(FloatingPointError, match="scheme RoPE"):
         train(make_cfg("optim.lr=1e30", "optim.warmup_steps=1"))
     (run,) = runs_of(tmp_path)
     assert run.info.status == "FAILED"
@@ -238,7 +238,7 @@ def test_interrupt_then_resume_matches_uninterrupted(make_cfg, tmp_path, signum)
 
 def test_nan_loss_stops_names_step_and_scheme_keeps_last_good(make_cfg, tmp_path):
     # weights poisoned after step 11, i.e. after the step-10 validation saved last.ckpt
-    with pytest.raises(FloatingPointError, match=r"train loss nan at step 11 with encoding=alibi"):
+    with pytest.raises(FloatingPointError, match=r"train loss nan at step 11 with the scheme ALiBi"):
         train(make_cfg("encoding=alibi", "+callbacks.nan={_target_: tests.helpers.NanAt, step: 11}"))
     (run,) = runs_of(tmp_path)
     assert run.info.status == "FAILED"
@@ -277,7 +277,7 @@ def test_first_loss_is_log_vocabulary(make_cfg, encoding, task):
 
     from hydra.utils import instantiate
 
-    from posenc.module import LMModule
+    from posenc.config import build_model
 
     cfg = make_cfg(f"encoding={encoding}", f"task={task}", "model=tiny", "data.seq_len=64", "data.batch_size=32")
     dm = instantiate(cfg.data)
@@ -285,7 +285,7 @@ def test_first_loss_is_log_vocabulary(make_cfg, encoding, task):
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
     torch.manual_seed(cfg.seed)
-    module = LMModule(OmegaConf.to_container(cfg, resolve=True), dm.tokenizer_vocab_size)
+    model = build_model(cfg, dm.tokenizer_vocab_size)
     with torch.no_grad():
-        loss = lm_loss(module.model, x, y).item()
+        loss = lm_loss(model, x, y).item()
     assert loss == pytest.approx(math.log(dm.tokenizer_vocab_size), rel=0.02), loss

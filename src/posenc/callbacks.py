@@ -1,4 +1,5 @@
-"""Callbacks: a recoverable run, validation at its end, a step progress bar."""
+"""Callbacks: the run's record in its checkpoints, a recoverable run, validation at its end,
+a step progress bar."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .runs import RunFolder
+from .runs import RECORD, RunFolder
 
 log = logging.getLogger(__name__)
+
+
+class RunRecord(L.Callback):
+    """Writes the run's record into every checkpoint it saves: the resolved config, the
+    vocabulary size and the identity a resume must match (``posenc.runs.stored_run`` reads it),
+    so a checkpoint alone rebuilds its model."""
+
+    def __init__(self, cfg: dict, vocab_size: int, identity: dict):
+        self.record = {"cfg": cfg, "vocab_size": int(vocab_size), "identity": identity}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        checkpoint[RECORD] = self.record
 
 
 class RunInterrupted(SIGTERMException):

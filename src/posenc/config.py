@@ -160,11 +160,6 @@ def check_config(cfg: DictConfig, task=None) -> list[str]:
     return cost_warnings(cfg, scheme)
 
 
-def validation_metrics(task: DictConfig) -> list[str]:
-    """What validation logs for a task (``posenc.module.LMModule``; ``posenc.tasks.Task.validated``)."""
-    return build_task(task).validated()
-
-
 def check_criterion(cfg: DictConfig, task) -> None:
     """A criterion (``criterion.metric``) must name a metric the task (its object) validates,
     with a number to pass and a direction."""

@@ -329,13 +329,13 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if s.device == "auto" else s.device
     res = resolve_checkpoint(ref, s.which, s.runs_dir, s.tracking_uri)
     state = load_state(res.path)
-    cfg = stored_run(state, res.path)["cfg"]
+    recorded = stored_run(state, res.path)
+    cfg, vocab = recorded["cfg"], int(recorded["vocab_size"])
     train_len = int(cfg["data"]["seq_len"])
     # with an extension: the same weights, the scheme scaled past the training length
     extension = {"scaling": s.extension, "original_len": train_len} if s.extension else None
     module = module_from_state(state, res.path, device, extension)
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
-    vocab = int(module.hparams["vocab_size"])
     tokens = run_data(cfg, s.data_dir, s.cache_dir, vocab).tokens(s.split)
     rows = evaluate_model(
         module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device, s.progress

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import OmegaConf
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from .config import build_model
+from .model import Transformer
 from .targets import IGNORE
-from .tasks import build as build_task
+from .tasks import Task
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -36,27 +36,27 @@ class LMModule(L.LightningModule):
     whose every scored target is the argmax (``Task.exact_match``, ``val/exact``,
     which a criterion can stop the run on).
 
-    ``cfg`` is the whole resolved run config (a plain dict); it is saved in the
-    checkpoint so a model can be rebuilt from the checkpoint alone, with
-    ``identity`` (``posenc.train.run_identity``: scheme, model, task and
-    the data's token checksum), which a resume must match.
+    It takes what it uses: the ``model`` (``posenc.config.build_model``), the run's
+    ``task`` object, the ``optim`` settings and the training window's ``seq_len``.
+    What a checkpoint needs to rebuild the run (its whole config, vocabulary size and
+    identity) is the run's record, written by ``posenc.callbacks.RunRecord`` and read
+    by ``posenc.runs.stored_run``.
     """
 
-    def __init__(self, cfg: dict[str, Any], vocab_size: int, identity: dict[str, Any] | None = None, task=None):
+    def __init__(self, model: Transformer, task: Task, optim: Mapping[str, Any], seq_len: int):
         super().__init__()
-        self.save_hyperparameters(ignore=["task"], logger=False)  # the config rebuilds the task
-        self.cfg = OmegaConf.create(cfg)
-        self.model = build_model(self.cfg, vocab_size)
+        self.model = model
+        self.optim = dict(optim)
         # one window: Lightning's model summary counts FLOPs with it
-        self.example_input_array = torch.zeros(1, int(self.cfg.data.seq_len), dtype=torch.long)
+        self.example_input_array = torch.zeros(1, int(seq_len), dtype=torch.long)
         self.val_ppl = Perplexity(ignore_index=IGNORE)
         self.test_ppl = Perplexity(ignore_index=IGNORE)
-        task = task or build_task(self.cfg.task)  # the run's own object, when given
         self.with_accuracy, self.with_exact = task.accuracy, task.exact_match
         # a task that scores a suffix of every window (retrieval: the answers of its queries):
         # the model computes the top layer for that suffix alone (``Transformer.forward(last=)``)
-        self.scored_suffix = task.scored_suffix(int(self.cfg.data.seq_len))
+        self.scored_suffix = task.scored_suffix(int(seq_len))
         if self.with_accuracy:
+            vocab_size = model.cfg.vocab_size
             acc = lambda: MulticlassAccuracy(vocab_size, average="micro", ignore_index=IGNORE)  # noqa: E731
             self.val_acc, self.test_acc = acc(), acc()
         if self.with_exact:
@@ -75,7 +75,7 @@ class LMModule(L.LightningModule):
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"non-finite {stage} loss {loss.item()} at step {self.global_step} "
-                f"with encoding={self.cfg.encoding.name}"
+                f"with the scheme {type(self.model.scheme).__name__}"
             )
         if stage == "train":  # one batch: its perplexity is exp(loss), no metric state needed
             # no train/ppl: exp(loss) of single batches spans ~260 -> ~7 and flattens its chart;
@@ -123,7 +123,7 @@ class LMModule(L.LightningModule):
             self.log("train/tokens_per_s", n / (time.perf_counter() - self._t0), on_step=True, prog_bar=True)
 
     def configure_optimizers(self):
-        o = self.cfg.optim
+        o = self.optim
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             (decay if p.dim() >= 2 and "scheme" not in name else no_decay).append(p)
@@ -135,15 +135,15 @@ class LMModule(L.LightningModule):
         if trainer is not None and "mixed" in str(trainer.precision) and trainer.gradient_clip_val:
             fused = False
         opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr,
-            betas=tuple(o.betas),
+            [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o["lr"],
+            betas=tuple(o["betas"]),
             fused=fused or None,
         )
         total = o.get("schedule_steps") or (
             self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 10_000
         )
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: warmup_cosine(s, o.warmup_steps, total, o.min_lr_ratio)
+            opt, lambda s: warmup_cosine(s, o["warmup_steps"], total, o["min_lr_ratio"])
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

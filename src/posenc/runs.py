@@ -118,17 +118,20 @@ def module_from_state(
     """
     import copy
 
+    from .config import build_model
     from .module import LMModule
+    from .tasks import build as build_task
 
     hp = stored_run(state, path)
     cfg = copy.deepcopy(hp["cfg"])
     cfg["encoding"]["scheme"].update(scheme_settings or {})
     try:
-        module = LMModule(cfg, hp["vocab_size"], hp.get("identity"))
+        model = build_model(cfg, hp["vocab_size"])
     except TypeError as e:  # an argument the scheme does not take
         raise ConfigError(
             f"encoding {cfg['encoding']['name']} does not take the settings {sorted(scheme_settings or {})} ({e})"
         ) from e
+    module = LMModule(model, build_task(cfg["task"]), cfg["optim"], cfg["data"]["seq_len"])
     try:
         module.load_state_dict(state["state_dict"])
     except RuntimeError as e:  # written by a version of posenc whose model had other parameters
@@ -139,9 +142,15 @@ def module_from_state(
     return module.eval().to(device)
 
 
+#: where a checkpoint keeps its run's record (``posenc.callbacks.RunRecord``)
+RECORD = "posenc_run"
+
+
 def stored_run(state: dict, path: str | os.PathLike) -> dict:
-    """What posenc training stores in a checkpoint (``cfg``, ``vocab_size``, ``identity``)."""
-    hp = state.get("hyper_parameters") or {}
+    """What posenc training stores in a checkpoint: the run's resolved config (``cfg``),
+    ``vocab_size`` and ``identity``. Checkpoints written before the record had a key of its
+    own keep it as the module's Lightning hyper-parameters; both are read."""
+    hp = state.get(RECORD) or state.get("hyper_parameters") or {}
     if "cfg" not in hp or "vocab_size" not in hp:
         raise ConfigError(f"checkpoint {path} holds no posenc run config: it was not written by posenc training")
     return hp

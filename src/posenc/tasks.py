@@ -280,13 +280,18 @@ STUDY_KEYS = {
 
 def _known(name: str, evaluate: Mapping, allowed: set[str], need: set[str] = frozenset()) -> None:
     """Refuse unknown or missing keys of a task entry's ``evaluate`` mapping."""
-    extra, missing = set(evaluate) - allowed, set(need) - set(evaluate)
-    if extra or missing:
-        raise ConfigError(f"tasks: {name}: evaluate: " + "; ".join(
-            [f"has no key {', '.join(sorted(extra))}"] * bool(extra) + [f"lacks {', '.join(sorted(missing))}"] * bool(missing))
-            + f" (this task takes {', '.join(sorted(allowed)) or 'none: {}'})")
+    _keys(f"tasks: {name}: evaluate:", set(evaluate), allowed, need, f"this task takes {', '.join(sorted(allowed)) or 'none: {}'}")
     if "multipliers" in need and (not multipliers(evaluate) or min(multipliers(evaluate)) < 1):
         raise ConfigError(f"tasks: {name}: evaluate: multipliers must be whole numbers at least 1, e.g. \"1 2 4\"")
+
+
+def _keys(where: str, have: set, allowed: set, need: set, hint: str) -> None:
+    """Refuse keys outside ``allowed`` or missing from ``need``, in one line that ends with ``hint``."""
+    missing, extra = set(need) - have, have - set(allowed)
+    if missing or extra:
+        raise ConfigError(f"{where} " + "; ".join(
+            [f"lacks {', '.join(sorted(missing))}"] * bool(missing) + [f"has no key {', '.join(sorted(extra))}"] * bool(extra))
+            + f" ({hint})")
 
 
 def multipliers(spec: Mapping) -> list[int]:
@@ -305,11 +310,7 @@ def check_spec(name: str, spec: Mapping) -> None:
     where = f"tasks: {name}:"
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where} must be a mapping with the keys {', '.join(STUDY_KEYS)}")
-    missing, extra = set(STUDY_KEYS) - set(spec), set(spec) - set(STUDY_KEYS)
-    if missing or extra:
-        raise ConfigError(f"{where} " + "; ".join(
-            [f"lacks {', '.join(sorted(missing))}"] * bool(missing) + [f"has no key {', '.join(sorted(extra))}"] * bool(extra))
-            + f" (the keys of every task: {', '.join(STUDY_KEYS)})")
+    _keys(where, set(spec), set(STUDY_KEYS), set(STUDY_KEYS), f"the keys of every task: {', '.join(STUDY_KEYS)}")
     try:
         assert seeds(spec), "no seeds"
         for key in ("seq_len", "batch_size", "steps", "validate_every"):

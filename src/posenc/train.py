@@ -25,12 +25,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
-from .callbacks import GracefulInterrupt, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
-from .config import check_config
+from .callbacks import GracefulInterrupt, RunRecord, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
+from .config import build_model, check_config
 from .errors import ConfigError
 from .files import write_json, write_text
 from .module import LMModule
-from .runs import RunFolder, load_state, run_info
+from .runs import RunFolder, load_state, run_info, stored_run
 from .tasks import build as build_task
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,10 @@ def checkpoint_identity(ckpt: Path, info: dict) -> dict:
     checkpoint itself (older checkpoints lack the token checksum)."""
     if info.get("identity"):
         return dict(info["identity"])
-    hp = load_state(ckpt).get("hyper_parameters", {})
+    hp = stored_run(load_state(ckpt), ckpt)
     if hp.get("identity"):
         return dict(hp["identity"])
-    return run_identity(hp.get("cfg", {}), None)
+    return run_identity(hp["cfg"], None)
 
 
 def earlier_runs(output_dir: str | Path) -> list[tuple[Path, dict]]:
@@ -183,7 +183,7 @@ def schedule_steps(cfg: DictConfig, ckpt: Path | None, info: dict) -> int:
         return int(cfg.optim.get("schedule_steps") or cfg.trainer.max_steps)
     if info.get("schedule_steps"):
         return int(info["schedule_steps"])
-    old = (load_state(ckpt, mmap=True).get("hyper_parameters") or {}).get("cfg") or {}
+    old = stored_run(load_state(ckpt, mmap=True), ckpt)["cfg"]
     return int(old.get("optim", {}).get("schedule_steps") or old["trainer"]["max_steps"])
 
 
@@ -338,7 +338,9 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
                  "(optim.lr x optim.min_lr_ratio = %g) to step %d", RunFolder.of(ckpt).path, cfg.optim.schedule_steps,
                  cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.trainer.max_steps)
     L.seed_everything(cfg.seed, workers=True)
-    module = LMModule(OmegaConf.to_container(cfg, resolve=True), datamodule.tokenizer_vocab_size, identity, task)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    vocab_size = datamodule.tokenizer_vocab_size
+    module = LMModule(build_model(cfg, vocab_size), task, resolved["optim"], cfg.data.seq_len)
     if cfg.get("init_from"):
         initial_weights(module, cfg.init_from)
 
@@ -363,7 +365,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     )
     interrupt = GracefulInterrupt(run.checkpoints)
     criterion = criterion_callback(cfg)
-    callbacks = [checkpoint, interrupt, ValidateAtEnd(), *([criterion] if criterion else [])]
+    callbacks = [RunRecord(resolved, vocab_size, identity), checkpoint, interrupt, ValidateAtEnd(),
+                 *([criterion] if criterion else [])]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
