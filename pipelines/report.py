@@ -122,10 +122,11 @@ def render(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-def _runs(study: Study, task: str) -> tuple[int, int, int]:
-    """(runs, schemes, seeds a scheme) of one task of a study, from its params."""
+def _runs(study: Study, table: str) -> tuple[int, int, int]:
+    """(runs, schemes, seeds a scheme) of the task that makes ``table``, from the study's params."""
+    task = study.task(table)
     schemes = sum(task in str(e.get("tasks", "")).split() for e in study.params["schemes"].values())
-    seeds = len(study.seeds(task))
+    seeds = len(study.seeds(table))
     return schemes * seeds, schemes, seeds
 
 

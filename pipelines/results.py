@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from posenc.tasks import multipliers
+from posenc.tasks import CausalLM, MaskedLM, Retrieval, load, multipliers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +23,12 @@ FILES = {"params": "params.yaml", "mlflow": "results/mlflow_study.json", "prepar
          "correlations": "results/correlations.json", "retrieval": "results/retrieval_table.json",
          "minilm": "results/pretrained_minilm.json", "bench": "figures/bench/bench.json",
          "buckets": "results/buckets.json", "tasks": "results/tasks_table.json"}
+
+
+#: the papers' tables of ``FILES`` and the class of the task whose runs make each: the causal
+#: LM's extrapolation rows, the masked LM's runs, the retrieval grid. A template asks a study for
+#: a table's task (``Study.task``, ``spec``, ``seeds``) by the table, never by a task's name.
+MADE_BY = {"lm": CausalLM, "mlm": MaskedLM, "retrieval": Retrieval}
 
 
 class ReportError(Exception):
@@ -81,9 +87,21 @@ class Study:
         """The longest evaluation length, as a multiple of L."""
         return max(m for t in self.params["tasks"].values() for m in multipliers(t["evaluate"]))
 
-    def seeds(self, task: str) -> list[str]:
-        """The seeds of a task's runs in this study."""
-        return str(self.params["tasks"][task]["seeds"]).split()
+    def task(self, table: str) -> str:
+        """The name of the study's task whose runs make the table ``table`` (``MADE_BY``)."""
+        names = [n for n in self.params["tasks"] if isinstance(load(n), MADE_BY[table])]
+        if len(names) != 1:
+            raise ReportError(f"{self.name} study: {len(names)} tasks of class {MADE_BY[table].__name__} "
+                              f"({', '.join(names) or 'none'}) for the table {table!r}, which needs one")
+        return names[0]
+
+    def spec(self, table: str) -> dict:
+        """The params entry of the task that makes ``table`` (its seeds, lengths, steps, ...)."""
+        return self.params["tasks"][self.task(table)]
+
+    def seeds(self, table: str) -> list[str]:
+        """The seeds of the runs that make ``table``."""
+        return str(self.spec(table)["seeds"]).split()
 
     def link(self, rel: str) -> str:
         """A relative link from ``docs/`` to one of this study's files (figures, tables)."""

@@ -8,6 +8,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+import yaml
+
 from .conftest import REPO
 
 CODE = [p for d in ("src", "pipelines", "analysis") for p in sorted((REPO / d).rglob("*.py"))]
@@ -91,6 +94,34 @@ def test_the_study_and_its_tables_stage_name_no_task():
     tables = (REPO / "pipelines/tables.py").read_text()
     every = tables[tables.index("def tasks_table"):tables.index("# ------------------------------------------------------------------ timing")]
     assert not named.search(every)
+
+
+def test_the_report_asks_for_a_task_by_the_table_it_makes():
+    """The templates, the pipelines and the analysis read a task's entry of the params file
+    (its seeds, lengths, steps) and its time through the table its runs make
+    (``pipelines.results.Study.spec``, ``seeds``, ``task``: by the task's class), never by the
+    task's name. (The tables' names, ``lm``, ``mlm``, ``retrieval``, are those of their files.)"""
+    names = "|".join(p.stem for p in (REPO / "conf/task").glob("*.yaml"))
+    by_name = re.compile(rf"""\btasks\.({names})\b|\[["']tasks["']\]\s*\[["']({names})["']\]|task_s(\.get\(|\[)["']({names})["']""")
+    files = [*sorted((REPO / "docs/templates").glob("*.j2")), *sorted((REPO / "pipelines").glob("*.py")),
+             *sorted((REPO / "analysis").glob("*.py"))]
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in files
+             for n, line in enumerate(p.read_text().splitlines(), 1) if by_name.search(line)]
+    assert found == []
+
+
+def test_a_study_finds_the_task_of_a_table_by_its_class(tmp_path):
+    from pipelines.results import ReportError, Study
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    study = Study(tmp_path)
+    assert [study.task(t) for t in ("lm", "mlm", "retrieval")] == ["lm", "mlm", "retrieval"]
+    assert study.seeds("lm") == str(params["tasks"]["lm"]["seeds"]).split()
+    del params["tasks"]["mlm"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ReportError, match="0 tasks of class MaskedLM"):
+        Study(tmp_path).task("mlm")
 
 
 def test_computation_imports_no_plotting_library():
