@@ -57,3 +57,12 @@ def study_params(folder, **tasks) -> str:
     path = Path(folder) / "params.yaml"
     path.write_text(yaml.safe_dump({"tasks": entries}))
     return str(path)
+
+
+def datamodule(cfg):
+    """The data module of a composed run config with the run's task object, as training makes it."""
+    from hydra.utils import instantiate
+
+    from posenc.tasks import build
+
+    return instantiate(cfg.data, task=build(cfg.task))

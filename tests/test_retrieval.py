@@ -240,13 +240,13 @@ def test_a_retrieval_run_trains_is_scored_and_logs_its_grid(make_cfg, tmp_path):
     """task=retrieval end to end on the real corpus: the data module's windows, a short
     run, the grid CLI (pipelines.retrieval) and the MLflow metrics at step = length."""
     import mlflow
-    from hydra.utils import instantiate
+    from .helpers import datamodule
 
     from pipelines import retrieval as grid_cli
     from posenc.train import train
 
     cfg = make_cfg("task=retrieval", "encoding=alibi", "trainer.max_steps=30")
-    dm = instantiate(cfg.data)
+    dm = datamodule(cfg)
     dm.prepare_data()
     x, y = next(iter(dm.train_dataloader()))
     again = next(iter(dm.train_dataloader()))
@@ -476,7 +476,7 @@ def test_validation_exact_match_counts_windows_whose_every_digit_is_right(make_c
     """``val/exact`` (what the criterion stops on) is the share of validation windows whose
     every answer digit is the argmax: computed again here, window by window, from the saved
     weights with ``score_batch``, which the grid uses too."""
-    from hydra.utils import instantiate
+    from .helpers import datamodule
 
     from posenc.runs import load_module
     from posenc.train import train
@@ -485,7 +485,7 @@ def test_validation_exact_match_counts_windows_whose_every_digit_is_right(make_c
                    "optim.lr=3e-3", "trainer.limit_val_batches=3")
     metrics = train(cfg, out_dir=tmp_path / "run")
     model = load_module(tmp_path / "run" / "checkpoints" / "last.ckpt").model
-    dm = instantiate(cfg.data)
+    dm = datamodule(cfg)
     dm.prepare_data()
     exact = [e for x, y in list(dm.val_dataloader())[:3] for e in rt.score_batch(model, x, y, 5)[0].tolist()]
     assert len(exact) == 3 * 16 and 0 < metrics["val/acc"]

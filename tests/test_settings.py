@@ -60,10 +60,10 @@ def _numeric_leaves(cfg) -> set[str]:
 def test_every_numeric_setting_has_a_declared_range(options):
     """A numeric setting of any config is in the model schema's ranges or in ``RANGES``, but for
     a scheme's own settings (its constructor checks them, and ``check_config`` builds it),
-    copies that interpolate another setting (``data.seed``, ``data.task.*``) and
+    a copy that interpolates another setting (``data.seed``) and
     ``trainer.devices`` (checked against the machine by ``check_device``)."""
     cfg = compose(options + ["criterion.value=0.5"] * ("criterion.metric=val/loss" in options))
-    exempt = ("encoding.", "data.seed", "data.task.", "trainer.devices")
+    exempt = ("encoding.", "data.seed", "trainer.devices")
     undeclared = {k for k in _numeric_leaves(cfg) if not k.startswith(exempt)} - set(numeric_ranges())
     assert not undeclared, f"numeric settings without a declared range: {sorted(undeclared)}"
 
@@ -117,7 +117,7 @@ def test_the_identity_and_what_a_resume_may_change_are_apart():
     cfg = compose(["task=retrieval", "trainer=ddp"])
     flat = tracking.flatten(OmegaConf.to_container(cfg, resolve=False))
     storage = ("paths.", "logger.", "run_name", "callbacks", "init_from", "hydra", "data.cache_dir", "data.corpus.",
-               "data._target_", "data._convert_", "data.task", "data.seed", "trainer._target_", "trainer.deterministic",
+               "data._target_", "data._convert_", "data.seed", "trainer._target_", "trainer.deterministic",
                "trainer.check_val_every_n_epoch", "trainer.use_distributed_sampler", "encoding.name")
     placed = lambda k: any(k == p or k.startswith(p + ".") for p in (*IDENTITY_KEYS, *RESUMABLE))  # noqa: E731
     unplaced = [k for k in flat if not placed(k) and not k.startswith(storage)]

@@ -15,7 +15,7 @@ from posenc.data import DataError
 from posenc import tracking
 from posenc.train import ConfigError, train
 
-from .helpers import lm_loss
+from .helpers import datamodule, lm_loss
 from .conftest import REPO, cli_env, cli_overrides
 
 
@@ -159,12 +159,10 @@ def _masked_validation(cfg, ckpt):
     model's top-1 predictions and the per-batch mean losses."""
     import itertools
 
-    from hydra.utils import instantiate
-
     from posenc.runs import load_module
 
     model = load_module(ckpt).model
-    dm = instantiate(cfg.data)
+    dm = datamodule(cfg)
     dm.prepare_data()
     dm.setup("validate")
     targets, logp, top1, batch_losses = [], [], [], []
@@ -275,12 +273,10 @@ def test_first_loss_is_log_vocabulary(make_cfg, encoding, task):
     260 byte tokens) is ln V to within 2%, for every scheme and task."""
     import math
 
-    from hydra.utils import instantiate
-
     from posenc.config import build_model
 
     cfg = make_cfg(f"encoding={encoding}", f"task={task}", "model=tiny", "data.seq_len=64", "data.batch_size=32")
-    dm = instantiate(cfg.data)
+    dm = datamodule(cfg)
     dm.prepare_data()
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))

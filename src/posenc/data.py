@@ -417,9 +417,10 @@ class MaskedWindows(Dataset):
 class LMDataModule(L.LightningDataModule):
     """Language-model data: the corpus, its tokenizer and windowed loaders.
 
-    ``task`` is the run's task (``posenc.tasks``, built by Hydra from ``conf/task/``): every
-    loader hands its split's windows to ``task.dataset``, which makes the task's examples of
-    them. Without a task, the windows themselves (next-token prediction).
+    ``task`` is the run's task object (``posenc.tasks``, built once from ``conf/task/`` by
+    ``posenc.train.train`` or ``posenc.runs.run_data`` and passed in): every loader hands its
+    split's windows to ``task.dataset``, which makes the task's examples of them. Without a
+    task, the windows themselves (next-token prediction).
     """
 
     def __init__(

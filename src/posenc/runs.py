@@ -272,7 +272,8 @@ def run_data(
         data["cache_dir"] = str(cache_dir)
     from .tasks import build
 
-    task = build(data.pop("task")) if data.get("task") is not None else None
+    data.pop("task", None)  # runs made when the data config held a copy of the task
+    task = build(cfg["task"]) if cfg.get("task") is not None else None
     dm = instantiate(OmegaConf.create(data), task=task)
     dm.prepare_data()
     if vocab_size is not None and dm.tokenizer_vocab_size != int(vocab_size):
