@@ -12,9 +12,10 @@ import urllib.request
 
 import pytest
 
+from posenc import tracking
 from posenc.train import ConfigError, train
 
-from .conftest import REPO, cli_overrides
+from .conftest import REPO, cli_env, cli_overrides
 from .test_train import _cli, runs_of
 
 
@@ -165,3 +166,70 @@ def test_extending_a_run_keeps_its_schedule_and_says_so(make_cfg, tmp_path):
     assert "extended by a resume: a 10-step schedule" in run.data.tags["mlflow.note.content"]
     (meta,) = tmp_path.glob("outputs/runs/*/run.json")
     assert json.loads(meta.read_text())["schedule_steps"] == 10
+
+
+#: short runs started at once against one store (a cluster's study writes from many jobs)
+AT_ONCE = 8
+
+
+def _runs_at_once(tmp_path, data_root, cache_dir, *extra: str) -> None:
+    """``AT_ONCE`` short causal-LM runs (seeds 0 to 7), each ``python train.py`` in its own
+    process of one torch thread, all started before any ends."""
+    args = [*cli_overrides(cache_dir), "trainer.max_steps=4", "trainer.val_check_interval=2", *extra]
+    procs = [subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, f"seed={s}"], cwd=tmp_path,
+                              env=cli_env(tmp_path, data_root, cache_dir), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for s in range(AT_ONCE)]
+    errors = [p.communicate(timeout=1200)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * AT_ONCE, [e[-1500:] for p, e in zip(procs, errors) if p.returncode]
+
+
+def _nothing_lost(uri: str) -> None:
+    """Every run of ``_runs_at_once`` is in the store, FINISHED, with the same metrics (each
+    with its whole history), params, tags and logged files as the others."""
+    client = tracking.client(uri)
+    runs = tracking.runs_of(uri, "posenc")
+    assert sorted(r.info.run_name for r in runs) == [f"rope-lm-s{s}" for s in range(AT_ONCE)]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {"train/loss", "train/lr", "val/loss", "val/ppl"} <= set(runs[0].data.metrics)
+    shape = lambda r: ({k: len(client.get_metric_history(r.info.run_id, k)) for k in r.data.metrics},  # noqa: E731
+                       sorted(r.data.params), sorted(k for k in r.data.tags if not k.startswith("mlflow.")),
+                       sorted(f.path for f in client.list_artifacts(r.info.run_id)))
+    first = shape(runs[0])
+    assert first[0]["train/loss"] >= 2 and "data_tokens_sha256" in first[2] and "config.yaml" in first[3]
+    assert all(shape(r) == first for r in runs[1:])
+    assert sorted(r.data.params["seed"] for r in runs) == [str(s) for s in range(AT_ONCE)]
+
+
+@pytest.mark.slow
+def test_runs_at_once_into_the_default_sqlite_store_lose_nothing(tmp_path, data_root, cache_dir):
+    _runs_at_once(tmp_path, data_root, cache_dir, "log_checkpoint=false")
+    _nothing_lost(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+@pytest.mark.slow
+def test_runs_at_once_through_an_mlflow_server_lose_nothing(tmp_path, data_root, cache_dir):
+    """A tracking server (``mlflow server`` with a database backend, as a cluster's jobs would
+    share one): every run points ``logger.tracking_uri`` at it."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=5).read()
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read().decode()[-2000:]
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer within 60 s")
+        _runs_at_once(tmp_path, data_root, cache_dir, "log_checkpoint=false", f"logger.tracking_uri={uri}")
+        _nothing_lost(uri)
+        assert not (tmp_path / "mlflow.db").exists()  # nothing went to the default store
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
