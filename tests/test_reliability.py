@@ -3,6 +3,7 @@ one store: the local launcher preset's sweep in tests/test_launchers.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -76,33 +77,46 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
-    train(make_cfg("trainer.max_steps=4", "trainer.val_check_interval=2"))
+@contextlib.contextmanager
+def _mlflow_server(folder, workers: int = 1, db: str = "mlflow.db"):
+    """A real ``mlflow server`` on a free local port over the SQLite database ``folder/db``,
+    started in ``folder`` and answering (its ``/health``) before the block starts; stopped
+    after it. Yields its URI."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/{db}",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
-
-    def call(path, body=None):
-        req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body else None,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
+    uri = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
             try:
-                exp = call("/experiments/get-by-name?experiment_name=posenc")["experiment"]
+                urllib.request.urlopen(f"{uri}/health", timeout=5).read()
                 break
             except OSError:
                 assert server.poll() is None, server.stderr.read().decode()[-2000:]
                 time.sleep(0.5)
         else:
             pytest.fail("mlflow server did not answer within 60 s")
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
+    train(make_cfg("trainer.max_steps=4", "trainer.val_check_interval=2"))
+
+    with _mlflow_server(tmp_path) as uri:
+        def call(path, body=None):
+            req = urllib.request.Request(f"{uri}/api/2.0/mlflow{path}", data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+
+        exp = call("/experiments/get-by-name?experiment_name=posenc")["experiment"]
         (run,) = call("/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
         assert run["info"]["status"] == "FINISHED"
         params = {p["key"]: p["value"] for p in run["data"]["params"]}
@@ -110,9 +124,6 @@ def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
         assert params["encoding.name"] == "rope" and {"val/loss", "train/loss"} <= metrics
         files = call(f"/artifacts/list?run_id={run['info']['run_id']}")["files"]
         assert {"config.yaml", "tokenizer.json"} <= {f["path"] for f in files}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_evaluation_length_below_one_is_refused(tmp_path):
@@ -210,26 +221,7 @@ def test_runs_at_once_into_the_default_sqlite_store_lose_nothing(tmp_path, data_
 def test_runs_at_once_through_an_mlflow_server_lose_nothing(tmp_path, data_root, cache_dir):
     """A tracking server (``mlflow server`` with a database backend, as a cluster's jobs would
     share one): every run points ``logger.tracking_uri`` at it."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=5).read()
-                break
-            except OSError:
-                assert server.poll() is None, server.stderr.read().decode()[-2000:]
-                time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not answer within 60 s")
+    with _mlflow_server(tmp_path, workers=2, db="server.db") as uri:
         _runs_at_once(tmp_path, data_root, cache_dir, "log_checkpoint=false", f"logger.tracking_uri={uri}")
         _nothing_lost(uri)
-        assert not (tmp_path / "mlflow.db").exists()  # nothing went to the default store
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert not (tmp_path / "mlflow.db").exists()  # nothing went to the default store
