@@ -1,5 +1,5 @@
-"""Faults injected on purpose: bad settings, bad files, a live MLflow server (parallel writers to
-one store: the local launcher preset's sweep in tests/test_launchers.py)."""
+"""Faults injected on purpose: bad settings, bad files, a live MLflow server, 8 runs writing to
+one SQLite store at once (two at once: the local launcher preset's sweep in tests/test_launchers.py)."""
 
 from __future__ import annotations
 
@@ -78,13 +78,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _mlflow_server(folder, db: str = "mlflow.db"):
-    """A real ``mlflow server`` on a free local port over the SQLite database ``folder/db``,
+def _mlflow_server(folder):
+    """A real ``mlflow server`` on a free local port over the SQLite database ``folder/mlflow.db``,
     started in ``folder`` and answering (its ``/health``) before the block starts; stopped
     after it. Yields its URI."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/{db}",
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
