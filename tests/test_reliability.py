@@ -78,14 +78,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _mlflow_server(folder):
-    """A real ``mlflow server`` on a free local port over the SQLite database ``folder/mlflow.db``,
-    started in ``folder`` and answering (its ``/health``) before the block starts; stopped
-    after it. Yields its URI."""
+def _mlflow_server(folder, workers: int = 1):
+    """A real ``mlflow server`` of ``workers`` processes on a free local port over the SQLite
+    database ``folder/mlflow.db``, started in ``folder`` and answering (its ``/health``) before
+    the block starts; stopped after it. Yields its URI."""
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
         cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     uri = f"http://127.0.0.1:{port}"
@@ -183,12 +183,13 @@ def test_extending_a_run_keeps_its_schedule_and_says_so(make_cfg, tmp_path):
 AT_ONCE = 8
 
 
-def _runs_at_once(tmp_path, data_root, cache_dir, *extra: str) -> None:
+def _runs_at_once(tmp_path, data_root, cache_dir, *extra: str, env: dict | None = None) -> None:
     """``AT_ONCE`` short causal-LM runs (seeds 0 to 7), each ``python train.py`` in its own
-    process of one torch thread, all started before any ends."""
+    process of one torch thread (and the environment ``env`` over the test's), all started
+    before any ends."""
     args = [*cli_overrides(cache_dir), "trainer.max_steps=4", "trainer.val_check_interval=2", *extra]
     procs = [subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, f"seed={s}"], cwd=tmp_path,
-                              env=cli_env(tmp_path, data_root, cache_dir), stdout=subprocess.DEVNULL,
+                              env=cli_env(tmp_path, data_root, cache_dir) | (env or {}), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for s in range(AT_ONCE)]
     errors = [p.communicate(timeout=1200)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * AT_ONCE, [e[-1500:] for p, e in zip(procs, errors) if p.returncode]
@@ -215,3 +216,16 @@ def _nothing_lost(uri: str) -> None:
 def test_runs_at_once_into_the_default_sqlite_store_lose_nothing(tmp_path, data_root, cache_dir):
     _runs_at_once(tmp_path, data_root, cache_dir, "log_checkpoint=false")
     _nothing_lost(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+@pytest.mark.slow
+def test_runs_at_once_through_an_mlflow_server_lose_nothing(tmp_path, data_root, cache_dir):
+    """The cluster's way (docs/gpus.md): ``MLFLOW_TRACKING_URI`` names a tracking server (two
+    workers over one database), and 8 runs that start together on a new store all log
+    through it: none fails (two jobs tagging the new experiment together once failed one of
+    them) and nothing is lost. Nothing is written to the default SQLite store."""
+    (tmp_path / "server").mkdir()
+    with _mlflow_server(tmp_path / "server", workers=2) as uri:
+        _runs_at_once(tmp_path, data_root, cache_dir, env={"MLFLOW_TRACKING_URI": uri})
+        _nothing_lost(uri)
+    assert not (tmp_path / "mlflow.db").exists()  # the default store, unused

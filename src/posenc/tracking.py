@@ -96,7 +96,10 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
 
     Processes that start at the same time on a new SQLite store would race to
     create its schema ("duplicate column name"): for an ``sqlite:`` URI the
-    first use is serialised by a lock file beside the database.
+    first use is serialised by a lock file beside the database. Through a
+    tracking server (``http://``), where no lock file is shared, two jobs may
+    create or tag the experiment together: the loser of the creation reads what
+    the winner made, and the tag is written again (``shared_write``).
     """
     import mlflow
 
@@ -124,8 +127,25 @@ def _ensure_experiment(client, name: str, artifact_location: str | None):
             exp_id = client.get_experiment_by_name(name).experiment_id
         exp = client.get_experiment(exp_id)
     if EXPERIMENT_KIND[0] not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
+        shared_write(client.set_experiment_tag, exp.experiment_id, *EXPERIMENT_KIND)
     return exp.experiment_id
+
+
+def shared_write(call, *args, tries: int = 3, **kwargs):
+    """``call(*args, **kwargs)``, a write of a row that many jobs may write at once: an
+    experiment's tag, a dataset that every run of a corpus logs. Through a tracking server of
+    several workers, two jobs that insert the same row together make the loser's request
+    fail with an integrity error (seen with 8 runs at once: ``tests/test_reliability.py``);
+    the row is there by then, so the call is made again, ``tries`` times in all."""
+    import mlflow
+
+    for attempt in range(tries):
+        try:
+            return call(*args, **kwargs)
+        except mlflow.exceptions.MlflowException:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def runs_of(tracking_uri: str, experiment: str, filter_string: str = "") -> list:
@@ -301,7 +321,7 @@ def log_dataset(c, run_id: str, name: str, meta: Mapping) -> None:
         source=json.dumps({"uri": str(source)}),
         profile=json.dumps({"tokens": meta.get("tokens"), "vocab_size": meta.get("vocab_size_actual")}),
     )
-    c.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
+    shared_write(c.log_inputs, run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", "training")])])
 
 
 def ui_url(experiment_id: str, run_id: str | None = None, base: str = "http://127.0.0.1:5000") -> str:
