@@ -28,12 +28,18 @@ log), and ``call(fn, *args)`` runs a short call where it is cheapest. The kinds:
   unless ``max_jobs`` is set, and the scheduler decides. The jobs' pickles and logs
   go to ``folder`` (default ``<runs-dir>/../.submitit/<runs-dir name>``, beside the
   runs folder, not in it, and emptied with it when a stage starts).
+  A job that reaches its time limit or is preempted (submitit's signal, USR2, some
+  time before the end) is requeued, at most ``max_requeues`` times (default 3; then
+  it fails, named by its job and the count), and starts its call again: a study job
+  finds its run folder as the stopped job left it and resumes the run from its
+  last.ckpt (``pipelines.study.train_or_resume``). A job that SLURM requeues by
+  itself (``PreemptMode=REQUEUE``) resumes the same way.
 
 Settings: ``conf/executor/<NAME>.yaml`` (the presets ``pool``, ``gpus``, ``local``,
 ``slurm``) or the path of the user's own ``.yaml``/``.yml``. Keys: ``kind`` (``pool``
 or ``submitit``); for ``pool``: ``gpus``; for ``submitit``: ``cluster`` and
 ``timeout_min`` (both required: submitit's own default time limits are minutes),
-``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``max_jobs``, ``folder``,
+``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``max_jobs``, ``max_requeues``, ``folder``,
 ``slurm_partition``, ``slurm_account``, ``slurm_additional_parameters`` (a mapping of
 further ``#SBATCH`` flags, e.g. ``{qos: high}``). A SLURM executor without a
 partition is allowed (the cluster's default partition takes the jobs) with a warning.
@@ -68,10 +74,12 @@ _REQUIRED = object()
 KEYS: dict[str, dict] = {
     "pool": {"gpus": None},
     "submitit": {"cluster": _REQUIRED, "timeout_min": _REQUIRED, "gpus_per_node": 0, "cpus_per_task": None,
-                 "mem_gb": None, "max_jobs": None, "folder": None, "slurm_partition": None, "slurm_account": None,
-                 "slurm_additional_parameters": None},
+                 "mem_gb": None, "max_jobs": None, "max_requeues": 3, "folder": None, "slurm_partition": None,
+                 "slurm_account": None, "slurm_additional_parameters": None},
 }
 CLUSTERS = ("local", "slurm")
+#: submitit's local executor starts a job at most 6 times (its ``max_retry``)
+LOCAL_REQUEUES = 5
 INSTALL = "pip install -e '.[cluster]'"
 
 
@@ -130,8 +138,12 @@ def check(raw, source: str = "settings") -> dict:
     for key, v in positive.items():
         if v is not None and not (_is_int(v) and v >= 1):
             raise ConfigError(f"{where}: {key}: {v!r} must be a whole number, at least 1")
-    if not (_is_int(s["gpus_per_node"]) and s["gpus_per_node"] >= 0):
-        raise ConfigError(f"{where}: gpus_per_node: {s['gpus_per_node']!r} must be a whole number, at least 0")
+    for key in ("gpus_per_node", "max_requeues"):
+        if not (_is_int(s[key]) and s[key] >= 0):
+            raise ConfigError(f"{where}: {key}: {s[key]!r} must be a whole number, at least 0")
+    if s["cluster"] == "local" and s["max_requeues"] > LOCAL_REQUEUES:
+        raise ConfigError(f"{where}: max_requeues: {s['max_requeues']}: a local job is started at most "
+                          f"{LOCAL_REQUEUES + 1} times by submitit, so at most {LOCAL_REQUEUES}")
     if s["mem_gb"] is not None and (isinstance(s["mem_gb"], bool) or not isinstance(s["mem_gb"], (int, float))
                                     or s["mem_gb"] <= 0):
         raise ConfigError(f"{where}: mem_gb: {s['mem_gb']!r} must be a positive number")
@@ -256,10 +268,33 @@ class Pool:
 
 
 # ------------------------------------------------------------------ submitit
-def in_job(threads: int, fn, *args):
-    """A job's call in a process of its own: torch's threads set as a pool worker sets them."""
-    init_worker(threads)
-    return fn(*args)
+class InJob:
+    """A job's call in a process of its own, torch's threads set as a pool worker sets them.
+
+    Checkpointable as submitit defines it (a ``checkpoint`` method): when the job is
+    preempted or reaches its time limit, submitit's signal handler asks it for the call
+    to requeue, and it gives the same call, counted. Past ``max_requeues`` it refuses
+    by raising, so the job fails with a message that names it and the count (a ``None``
+    would fail it with submitit's words alone). What survives a requeue is what the call
+    left on disk: a study job resumes its run from its last.ckpt."""
+
+    def __init__(self, threads: int, fn, name: str | None, max_requeues: int, requeues: int = 0):
+        self.threads, self.fn, self.name, self.max_requeues, self.requeues = threads, fn, name, max_requeues, requeues
+
+    def __call__(self, *args):
+        init_worker(self.threads)
+        if self.requeues:
+            print(f"{self.name}: started again after {self.requeues} stop(s) (preempted or at its time limit)",
+                  file=sys.stderr, flush=True)
+        return self.fn(*args)
+
+    def checkpoint(self, *args):
+        if self.requeues >= self.max_requeues:
+            raise RuntimeError(f"job {self.name} was preempted or reached its time limit {self.requeues + 1} times: "
+                               f"not requeued again (max_requeues: {self.max_requeues})")
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(InJob(self.threads, self.fn, self.name, self.max_requeues, self.requeues + 1), *args)
 
 
 def _importable(fn):
@@ -301,7 +336,8 @@ class Submitit:
         self.folder = Path(folder if self.owned else s["folder"]).expanduser().absolute()
         self.max_jobs = s["max_jobs"] or (workers if s["cluster"] == "local" else None)
         try:
-            self.ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=s["cluster"])
+            self.ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=s["cluster"],
+                                            **{f"{s['cluster']}_max_num_timeout": s["max_requeues"]})
         except RuntimeError as e:  # SLURM's srun is not on PATH: not a SLURM login node
             raise ConfigError(f"executor {s['source']}: cluster {s['cluster']}: {e}") from None
         if s["cluster"] == "slurm" and not s["slurm_partition"]:
@@ -348,7 +384,7 @@ class Submitit:
             h = self.queue.pop(0)
             if h.name:
                 self.ex.update_parameters(name=h.name)
-            h.job = self.ex.submit(in_job, self.threads, h.fn, *h.args)
+            h.job = self.ex.submit(InJob(self.threads, h.fn, h.name, self.s["max_requeues"]), *h.args)
             self.running.append(h)
 
     def wait(self, handles) -> set:

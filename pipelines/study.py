@@ -59,8 +59,10 @@ user's own YAML (``pipelines.executors`` lists the keys):
 * ``local`` and ``slurm``: each job a submitit job, a subprocess of this machine or an
   sbatch job (``slurm_partition``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``,
   ``timeout_min`` in the file). The stage waits for its jobs and writes its results as
-  above; a job that fails, is cancelled, times out or is preempted fails the stage,
-  named with its job id and log. A job pays a Python and torch start-up (and a queue
+  above; a job that fails or is cancelled fails the stage, named with its job id and
+  log. One that is preempted or reaches its time limit is requeued (``max_requeues``
+  times at most, then it fails the stage) and resumes its run from its last.ckpt
+  (``train_or_resume``). A job pays a Python and torch start-up (and a queue
   wait), so a retrieval grid is scored in one job, not a cell per job; a cell's row
   does not depend on the cells scored beside it, and the rows are sorted as above.
   Why submitit: Hydra's SLURM launcher is built on it, it is how most users of
@@ -82,6 +84,7 @@ device they trained on (``trainer.accelerator``: gpu or cuda -> cuda, else the C
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -146,24 +149,42 @@ def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) ->
     ]  # fmt: skip
 
 
+def train_or_resume(cfg, out_dir: str) -> dict:
+    """Train the run of ``cfg`` into ``out_dir``; its final metrics. A job started again
+    (requeued after a preemption or its time limit) finds the run as it was left: a finished
+    run (its metrics file) is not trained again, and one with a last.ckpt resumes from it
+    (``ckpt_path=<it>``: checked against the run's identity as ``ckpt_path=last`` is), so it
+    ends where an uninterrupted run would (``tests/test_executors.py`` preempts one)."""
+    from posenc.runs import RunFolder
+    from posenc.train import train
+
+    run = RunFolder(out_dir)
+    if run.metrics.exists():
+        kept = json.loads(run.metrics.read_text())
+        return {k: v for k, v in kept.items() if k not in ("run_name", "encoding", "task", "seed")}
+    if run.last.exists():
+        cfg.ckpt_path = str(run.last)
+    return train(cfg, out_dir=out_dir)
+
+
 def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_dir: str, evaluate: dict,
             rules: list[str]) -> dict:
     """Train one run, then the fine-tunes of its ``rules`` (``parse_extension``), and let its
     task evaluate the run and its variants (``Task.evaluate``: rows, and follow-up jobs for the
-    executor). Everything is scored on the device the run trained on (``trainer.accelerator``)."""
+    executor). Everything is scored on the device the run trained on (``trainer.accelerator``).
+    Started again after a stop, it resumes what it had not finished (``train_or_resume``)."""
     started = time.time()
     from hydra.utils import get_method
 
     from posenc.config import compose
     from posenc.runs import RunFolder
     from posenc.tasks import build
-    from posenc.train import train
 
     base = [f"encoding={scheme}", f"task={task_name}", f"seed={seed}", *overrides]
     cfg = compose(base)
     task = build(cfg.task)
     t = time.perf_counter()
-    metrics = train(cfg, out_dir=out_dir)
+    metrics = train_or_resume(cfg, out_dir)
     L, device = int(cfg.data.seq_len), scoring_device(cfg.trainer.accelerator)
     scored = []
     for spec in [None, *rules]:
@@ -172,7 +193,7 @@ def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_di
             scored.append({"run_dir": out_dir, "rule": rule, "label": None, "base_len": L, "device": device})
             continue
         tuned = str(Path(out_dir).with_name(f"{task_name}-{rule}-ft{mult}L-s{seed}"))  # beside the study's runs
-        train(compose(base + finetune_overrides(cfg, rule, mult, steps, str(RunFolder(out_dir).last))), out_dir=tuned)
+        train_or_resume(compose(base + finetune_overrides(cfg, rule, mult, steps, str(RunFolder(out_dir).last))), tuned)
         label = {"scheme": f"{scheme}+{rule}+ft{mult}L", "extension": spec}
         scored.append({"run_dir": tuned, "rule": None, "label": label, "base_len": L, "device": device})
     train_s, t = time.perf_counter() - t, time.perf_counter()
@@ -300,11 +321,16 @@ class Stage:
         return f" ({where})" if where else ""
 
     def run(self, jobs: list[tuple]) -> None:
+        self.start(jobs)
+        run_stages(self.ex, [self])
+
+    def start(self, jobs: list[tuple]) -> None:
         self.pending = {self.ex.submit(run_job, *job, name=self.label(job)): ("run", job) for job in jobs}
-        while self.pending:
-            for fut in self.ex.wait(self.pending):
-                kind, job = self.pending.pop(fut)
-                (self.on_run if kind == "run" else self.on_part)(fut, job)
+
+    def take(self, fut) -> None:
+        """A finished job of this stage: its run's record and follow-ups, or a part's rows."""
+        kind, job = self.pending.pop(fut)
+        (self.on_run if kind == "run" else self.on_part)(fut, job)
 
     def on_run(self, fut, job) -> None:
         name = self.label(job)
@@ -344,6 +370,31 @@ class Stage:
             rows, line = get_method(f.finish)(g["rows"], g["uri"], **f.finish_kwargs)
             g["record"]["rows"] += rows
             print(f"    {line}", flush=True)
+
+
+def run_stages(ex, stages: list[Stage], on_end=None) -> None:
+    """The jobs of ``stages`` (each ``start``-ed) on one executor, until none is left: a job
+    starts when a worker (a device, a job slot) is free, whichever stage it belongs to, and
+    a stage's follow-ups join the queue when its run is in. ``on_end(stage)`` is called as
+    each stage's last job is in."""
+    left = list(stages)
+    while left:
+        owner = {fut: stage for stage in left for fut in stage.pending}
+        for fut in ex.wait(owner) if owner else ():
+            owner[fut].take(fut)
+        for stage in [s for s in left if not s.pending]:
+            left.remove(stage)
+            if on_end is not None:
+                on_end(stage)
+
+
+def admit(a: argparse.Namespace, ex) -> list[str]:
+    """Why the scheme cannot take its tasks (one line each), on a worker of ``ex`` (a pool
+    worker imports its class: the parent need not); nothing when it can."""
+    try:
+        return ex.call(misfits, a.scheme, a.tasks)
+    except (ConfigError, OSError, ImportError, ValueError) as e:
+        return [f"scheme {a.scheme}: {e}"]
 
 
 def write(a: argparse.Namespace, done: list[dict], record: dict) -> None:
@@ -389,10 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     stage = Stage(a, ex, len(jobs))
     try:
         with ex:
-            try:  # the scheme takes every task, or nothing runs (a pool worker imports its class: the parent need not)
-                refused = ex.call(misfits, a.scheme, a.tasks)
-            except (ConfigError, OSError, ImportError, ValueError) as e:
-                refused = [f"scheme {a.scheme}: {e}"]
+            refused = admit(a, ex)  # the scheme takes every task, or nothing runs
             if refused:
                 print("\n".join(["study refused, nothing was run:"] + refused), file=sys.stderr)
                 return 2

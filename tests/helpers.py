@@ -1,6 +1,8 @@
 """Callbacks the tests inject through the ``callbacks`` config group, and the
 language-modelling loss of a bare model."""
 
+from __future__ import annotations
+
 import os
 import signal
 
@@ -14,14 +16,29 @@ def lm_loss(model, idx, targets, ignore_index: int = -100):
 
 
 class SignalAt(L.Callback):
-    """Send ``signum`` to this process after optimizer step ``step``."""
+    """Send ``signum`` to this process after optimizer step ``step``; with ``once`` (a file's
+    path), only if that file is not there, and it is made first: a resumed run passes the step
+    again without a second signal."""
 
-    def __init__(self, step: int, signum: str = "SIGTERM"):
-        self.step, self.signum = step, getattr(signal, signum)
+    def __init__(self, step: int, signum: str = "SIGTERM", once: str | None = None):
+        self.step, self.signum, self.once = step, getattr(signal, signum), once
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
+        if trainer.global_step != self.step:
+            return
+        if self.once is not None:
+            if os.path.exists(self.once):
+                return
+            open(self.once, "w").close()
+        os.kill(os.getpid(), self.signum)
+
+
+def preempted_each_time() -> None:
+    """A job's call that its cluster preempts at once, each time it starts (submitit's signal)."""
+    import time
+
+    os.kill(os.getpid(), signal.SIGUSR2)
+    time.sleep(60)
 
 
 class NanAt(L.Callback):

@@ -193,6 +193,64 @@ def test_a_cancelled_submitit_job_is_reported_and_an_interrupted_stage_cancels_i
     assert h.done()
 
 
+def test_a_preempted_submitit_job_is_requeued_and_its_run_ends_as_an_uninterrupted_one(tmp_path, data_root,
+                                                                                        cache_dir):
+    """A causal-LM run of a study on submitit's local jobs, preempted once after step 12 of 20
+    (the run sends itself submitit's signal, USR2, which is what SLURM sends before a time
+    limit or a preemption and what submitit's own test hook sends a local job): its job is
+    requeued, resumes the run from its step-10 last.ckpt, and the stage's metrics and rows are
+    those of the same study run without a stop on the pool, bit for bit. One MLflow run,
+    FINISHED."""
+    import mlflow
+
+    common = _common(tmp_path, data_root, cache_dir, "preempted")
+    marker = tmp_path / "preempted-once"
+    stop = f"+callbacks.stop={{_target_:tests.helpers.SignalAt,step:12,signum:SIGUSR2,once:'{marker}'}}"
+
+    def run(executor: str, overrides: str) -> tuple[dict, pd.DataFrame]:
+        out = tmp_path / executor
+        out.mkdir()
+        params = study_params(out, lm={"steps": 20, "validate_every": 5, "evaluate": {"multipliers": "1 2"}})
+        rc = study.main(["none", "--params", params, "--tasks", "lm", "--workers", "1", "--runs-dir",
+                         str(out / "runs"), "--results-dir", str(out / "results"), "--common", common,
+                         "--scheme-overrides", overrides, "--executor", executor])
+        assert rc == 0
+        return (json.loads((out / "results" / "runs" / "none.json").read_text()),
+                pd.read_csv(out / "results" / "extrapolation" / "none.csv", keep_default_na=False)
+                .drop(columns=["run_id", "checkpoint"]))
+
+    plain, stopped = run("pool", ""), run("local", stop)
+    assert marker.exists()  # the signal was sent
+    logs = "".join(p.read_text() for p in (tmp_path / "local" / ".submitit").rglob("*_log.err"))
+    assert "this job is preempted" in logs and "none-lm-s0: started again after 1 stop(s)" in logs
+    keep = lambda r: {k: v for k, v in r.items() if k not in ("run_dir", "train_s", "eval_s")}  # noqa: E731
+    assert [keep(r) for r in stopped[0]["runs"]] == [keep(r) for r in plain[0]["runs"]]
+    assert stopped[0]["runs"][0]["global_step"] == 20
+    pd.testing.assert_frame_equal(stopped[1], plain[1], check_exact=True)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("preempted")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.mlflow.runName = 'none-lm-s0'")
+    # the plain run and the stopped one, resumed (a restart from scratch would have left a third)
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    assert sum("resume_overrides" in r.data.tags for r in runs) == 1
+
+
+def test_a_job_preempted_past_its_requeues_fails_by_its_name_and_count(tmp_path):
+    """A job preempted each time it starts is requeued ``max_requeues`` times, then fails with
+    a message naming it and the count of stops."""
+    from tests.helpers import preempted_each_time
+
+    s = executors.check({"kind": "submitit", "cluster": "local", "timeout_min": 5, "max_requeues": 1}, "test")
+    with executors.build(s, workers=1, threads=1, folder=tmp_path / "jobs") as ex:
+        h = ex.submit(preempted_each_time, name="rope-lm-s0")
+        ex.wait({h})
+        with pytest.raises(Exception) as e:
+            h.result()
+    assert ex.reason(e.value) == ("RuntimeError: job rope-lm-s0 was preempted or reached its time limit 2 times: "
+                                  "not requeued again (max_requeues: 1)")
+    assert "rope-lm-s0: started again after 1 stop(s)" in h.job.stderr()
+
+
 @pytest.mark.parametrize("setting,env,match", [
     ("ray", {}, "unknown executor 'ray': the presets are gpus, local, pool, slurm"),
     (None, {executors.ENV: "ray"}, "unknown executor 'ray'"),  # the environment's choice, when no flag

@@ -401,7 +401,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             )
     except BaseException as e:
         if logger is not None and run_id is not None and trainer.is_global_zero:
-            interrupted = isinstance(e, (SIGTERMException, KeyboardInterrupt))
+            # SystemExit: submitit's handler ends a preempted job's process from within the step
+            interrupted = isinstance(e, (SIGTERMException, KeyboardInterrupt, SystemExit))
             tracking.end_run(cfg.logger.tracking_uri, run_id, "KILLED" if interrupted else "FAILED")
         if interrupt.saved is not None:
             raise interrupt.saved from e
