@@ -92,6 +92,11 @@ def test_paper_estimate_against_a_hand_count():
     # 2 LM runs of 0.5 h; with 2 GPUs a takes 1.25 h (1 + 0.25 on each) and b 1 h (1; 0.5 + 0.5)
     assert e["wall_h"][32] == pytest.approx(2.0) and e["runs_per_stage"] == 4
     assert gpu_check.paper_estimate(bench, params, gpus=(2,))["wall_h"][2] == pytest.approx(2.25)
+    # every run at once (the fan-out): runs of 1, 1, 1, 0.5, 0.5, 0.25 and 0.25 h, the longest first to the
+    # first free GPU; on 2 GPUs they end at 2.25 h on both (1 + 1 + 0.25 and 1 + 0.5 + 0.5 + 0.25); on 32,
+    # with the longest run, at 1 h, where one stage at a time took 2 h
+    e2 = gpu_check.paper_estimate(bench, params, gpus=(2, 32))
+    assert e2["fanout_h"] == pytest.approx({2: 2.25, 32: 1.0})
     assert e["missing"] == []
 
 

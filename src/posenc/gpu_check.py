@@ -239,9 +239,11 @@ def paper_estimate(bench: dict, params: dict, gpus: tuple[int, ...] = (1, 8, 9, 
     benchmark's T, scaled by the run's tokens per step over the benchmark's (the step's cost is
     close to linear in the batch at a fixed T; evaluation, validation and the retrieval grids are
     not counted). Per task and in all, and the wall time on N GPUs as ``dvc repro`` runs the
-    study: one scheme's stage at a time, its runs (a run per seed and task) spread over the GPUs,
-    one per GPU, so a stage lasts at least its longest run and uses at most as many GPUs as it
-    has runs."""
+    study (``wall_h``): one scheme's stage at a time, its runs (a run per seed and task) spread
+    over the GPUs, one per GPU, so a stage lasts at least its longest run and uses at most as
+    many GPUs as it has runs; and as the fan-out runs it (``fanout_h``, ``pipelines.fanout``):
+    every run of every stage on the GPUs at once, the longest first, so the study lasts at
+    least its longest run."""
     step = {(r["scheme"], r["T"]): (r["train_s_min"], r["batch"]) for r in bench["rows"]}
     hours: dict[str, float] = {}
     stages: dict[str, list[float]] = {}
@@ -257,7 +259,8 @@ def paper_estimate(bench: dict, params: dict, gpus: tuple[int, ...] = (1, 8, 9, 
     runs = max((len(d) for d in stages.values()), default=0)
     return {"hours": hours, "total_h": sum(hours.values()), "missing": missing, "runs_per_stage": runs,
             "longest_h": max((max(d) for d in stages.values()), default=0.0) / 3600,
-            "wall_h": {n: sum(makespan(d, n) for d in stages.values()) / 3600 for n in gpus}}
+            "wall_h": {n: sum(makespan(d, n) for d in stages.values()) / 3600 for n in gpus},
+            "fanout_h": {n: makespan([x for d in stages.values() for x in d], n) / 3600 for n in gpus}}
 
 
 def recorded_path(path: str | None) -> str | None:
@@ -398,7 +401,10 @@ def paper_markdown(res: dict) -> list[str]:
         f"As `dvc repro` runs it with one job per GPU (`POSENC_EXECUTOR=gpus`, or `slurm`): one scheme's stage at "
         f"a time, its {e['runs_per_stage']} runs spread over the GPUs: "
         + ", ".join(f"{n} GPU{'s' if int(n) > 1 else ''} {h:.1f} h" for n, h in e["wall_h"].items())
-        + " (past the runs of a stage, more GPUs wait).",
+        + " (past the runs of a stage, more GPUs wait). With every stage's runs at once "
+        f"(`python -m pipelines.fanout {Path(p['params']).parent.name} --executor gpus`, or `slurm`): "
+        + ", ".join(f"{n} GPU{'s' if int(n) > 1 else ''} {h:.1f} h" for n, h in e["fanout_h"].items())
+        + " (no shorter than the longest run).",
     ]  # fmt: skip
     if e["missing"]:
         lines.append(f"Not timed: {', '.join(e['missing'])}.")
