@@ -215,6 +215,11 @@ class Pool:
     kind = "pool"
     whole_grids = False  # a job costs nothing to start: a grid's cells spread over the workers
 
+    @property
+    def slots(self) -> int:
+        """Jobs at once: one per worker (a study keeps the others in its queue, in its order)."""
+        return self.workers
+
     def __init__(self, workers: int, threads: int, preload: list[str] = (), devices: list[str] | None = None):
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(list(preload))
@@ -335,6 +340,7 @@ class Submitit:
         self.owned = s["folder"] is None  # the stage's own folder, emptied when it starts
         self.folder = Path(folder if self.owned else s["folder"]).expanduser().absolute()
         self.max_jobs = s["max_jobs"] or (workers if s["cluster"] == "local" else None)
+        self.slots = self.max_jobs  # None: every job submitted at once, the scheduler decides
         try:
             self.ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=s["cluster"],
                                             **{f"{s['cluster']}_max_num_timeout": s["max_requeues"]})

@@ -14,7 +14,8 @@ stages the studies depend on up to date (``dvc repro`` of ``prepare`` and
 (a scheme added or edited: that scheme's stage alone; the shared code edited: all of
 them), and hands every job of every stale stage to one executor (``--executor``, as
 for ``pipelines.study``): a job starts when a worker, a device or a job slot is free,
-whichever stage it belongs to (``pipelines.study.run_stages``).
+whichever stage it belongs to, a stage's follow-ups (retrieval grids) ahead of the runs
+still waiting, so that stages end one after another (``pipelines.study.Queue``).
 
 Each stage is what its command in the pipeline says (its scheme, tasks, extensions,
 overrides, runs folder and results folder are read from it, so nothing can differ
@@ -185,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(f.a.runs_dir, ignore_errors=True)  # the stage's own runs folder, as the stage does
                 ready.append(f)
             ex.clear()
+            queue = study.Queue(ex)
             for f in ready:
                 f.stage = study.Stage(f.a, ex, len(f.jobs))
-                f.stage.start(f.jobs)
-            study.run_stages(ex, [f.stage for f in ready], on_end=end)
+                f.stage.start(f.jobs, queue)
+            queue.run(on_end=end)
     except (KeyboardInterrupt, SystemExit) as e:
         why = str(e) if str(e) and not isinstance(e, KeyboardInterrupt) else "Ctrl-C"
         print(f"fan-out interrupted ({why}): the stages written and recorded so far stay; no other was written",

@@ -311,7 +311,7 @@ class Stage:
 
     def __init__(self, a: argparse.Namespace, ex, n: int):
         self.a, self.ex, self.n = a, ex, n
-        self.done, self.failed, self.pending, self.open = [], [], {}, {}
+        self.done, self.failed, self.open = [], [], {}
 
     def label(self, job) -> str:
         return job_label(self.a.scheme, *job[1:3])
@@ -321,18 +321,23 @@ class Stage:
         return f" ({where})" if where else ""
 
     def run(self, jobs: list[tuple]) -> None:
-        self.start(jobs)
-        run_stages(self.ex, [self])
+        queue = Queue(self.ex)
+        self.start(jobs, queue)
+        queue.run()
 
-    def start(self, jobs: list[tuple]) -> None:
-        self.pending = {self.ex.submit(run_job, *job, name=self.label(job)): ("run", job) for job in jobs}
+    def start(self, jobs: list[tuple], queue: Queue) -> None:
+        for job in jobs:
+            queue.put(self, run_job, job, self.label(job), ("run", job))
 
-    def take(self, fut) -> None:
+    def take(self, fut, tag: tuple, queue: Queue) -> None:
         """A finished job of this stage: its run's record and follow-ups, or a part's rows."""
-        kind, job = self.pending.pop(fut)
-        (self.on_run if kind == "run" else self.on_part)(fut, job)
+        kind, job = tag
+        if kind == "run":
+            self.on_run(fut, job, queue)
+        else:
+            self.on_part(fut, job)
 
-    def on_run(self, fut, job) -> None:
+    def on_run(self, fut, job, queue: Queue) -> None:
         name = self.label(job)
         try:
             r = fut.result()
@@ -346,8 +351,8 @@ class Stage:
             parts = [[c for part in f.parts for c in part]] if self.ex.whole_grids else f.parts
             self.open[name, f.name] = {"follow": f, "rows": [], "left": len(parts), "uri": uri, "record": r}
             for part in parts:
-                handle = self.ex.submit(call_part, f.call, part, f.kwargs, name=f"{name}-{f.name}")
-                self.pending[handle] = ("part", (name, f.name, len(part)))
+                queue.put(self, call_part, (f.call, part, f.kwargs), f"{name}-{f.name}", ("part", (name, f.name, len(part))),
+                          first=True)
         acc = f", val acc {100 * r['val/acc']:.1f}%" if "val/acc" in r else ""
         print(f"[{len(self.done) + len(self.failed)}/{self.n}] {name}: val ppl {r.get('val/ppl', float('nan')):.3f}"
               f"{acc}, train {r['train_s']:.0f} s, eval {r['eval_s']:.0f} s", flush=True)
@@ -372,20 +377,36 @@ class Stage:
             print(f"    {line}", flush=True)
 
 
-def run_stages(ex, stages: list[Stage], on_end=None) -> None:
-    """The jobs of ``stages`` (each ``start``-ed) on one executor, until none is left: a job
-    starts when a worker (a device, a job slot) is free, whichever stage it belongs to, and
-    a stage's follow-ups join the queue when its run is in. ``on_end(stage)`` is called as
-    each stage's last job is in."""
-    left = list(stages)
-    while left:
-        owner = {fut: stage for stage in left for fut in stage.pending}
-        for fut in ex.wait(owner) if owner else ():
-            owner[fut].take(fut)
-        for stage in [s for s in left if not s.pending]:
-            left.remove(stage)
-            if on_end is not None:
-                on_end(stage)
+class Queue:
+    """The jobs of one or more stages on one executor. At most ``ex.slots`` are in flight
+    (with no bound, as on SLURM, all are submitted and its scheduler decides); the rest wait
+    here: follow-ups first (they finish a stage whose runs have trained), then runs in the
+    order they came. A job starts when a worker, a device or a job slot frees, whichever
+    stage it is of, and each stage ends as soon as its own last job is in."""
+
+    def __init__(self, ex):
+        self.ex, self.first, self.then, self.flying, self.left = ex, [], [], {}, {}
+
+    def put(self, stage, fn, args: tuple, name: str, tag: tuple, first: bool = False) -> None:
+        """A job of ``stage``: ``fn(*args)``, named ``name``; ``stage.take(fut, tag, self)`` when it is in."""
+        (self.first if first else self.then).append((stage, fn, args, name, tag))
+        self.left[stage] = self.left.get(stage, 0) + 1
+
+    def fill(self) -> None:
+        while (self.first or self.then) and (self.ex.slots is None or len(self.flying) < self.ex.slots):
+            stage, fn, args, name, tag = (self.first or self.then).pop(0)
+            self.flying[self.ex.submit(fn, *args, name=name)] = (stage, tag)
+
+    def run(self, on_end=None) -> None:
+        """Until no job is left; ``on_end(stage)`` as each stage's last job is in."""
+        while self.flying or self.first or self.then:
+            self.fill()
+            for fut in self.ex.wait(self.flying):
+                stage, tag = self.flying.pop(fut)
+                stage.take(fut, tag, self)
+                self.left[stage] -= 1
+                if self.left[stage] == 0 and on_end is not None:
+                    on_end(stage)
 
 
 def admit(a: argparse.Namespace, ex) -> list[str]:

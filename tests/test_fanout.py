@@ -22,41 +22,55 @@ from .test_executors import _settings, record
 
 
 class Sleepers:
-    """A stand-in for a study stage (what ``run_stages`` asks of one): jobs that sleep and
-    say where and when they ran."""
+    """A stand-in for a study stage (what ``pipelines.study.Queue`` asks of one): jobs that
+    sleep and say where and when they ran; each, when it is in, leaves a follow-up of
+    ``follow`` seconds (as a retrieval run leaves its grid) if ``follow``."""
 
-    def __init__(self, ex, name: str, seconds: list[float]):
-        self.name, self.pending, self.out = name, {ex.submit(record, s): s for s in seconds}, []
+    def __init__(self, name: str, seconds: list[float], follow: float = 0.0):
+        self.name, self.seconds, self.follow, self.out = name, seconds, follow, []
 
-    def take(self, fut) -> None:
-        self.pending.pop(fut)
-        self.out.append((self.name, *fut.result()))
+    def start(self, queue: study.Queue) -> None:
+        for s in self.seconds:
+            queue.put(self, record, (s,), self.name, ("run", s))
+
+    def take(self, fut, tag: tuple, queue: study.Queue) -> None:
+        self.out.append((self.name, tag[0], *fut.result()))
+        if tag[0] == "run" and self.follow:
+            queue.put(self, record, (self.follow,), f"{self.name}-grid", ("follow-up", self.follow), first=True)
 
 
 def test_four_devices_stay_busy_with_the_jobs_of_three_stages(tmp_path, monkeypatch):
-    """A pool of 4 (fake) devices and 12 jobs of three stages, of 0.1 to 0.7 s: a job starts on a
-    device as soon as one is free, whichever stage it is of, so no device waits while a job
-    waits; each stage ends (its ``on_end``) once, when its last job is in."""
+    """A pool of 4 (fake) devices and the jobs of three stages, of 0.1 to 0.7 s, those of the
+    first leaving a follow-up each: a job starts on a device as soon as one is free, whichever
+    stage it is of, so no device waits while a job waits; follow-ups go ahead of the runs
+    still waiting, so the first stage ends first; each stage ends (its ``on_end``) once, when
+    its last job is in."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     ended = []
     with executors.build(_settings(tmp_path, "kind: pool\ngpus: 4\n"), workers=1, threads=1, preload=["torch"]) as ex:
         for _ in range(20):  # every worker started first: a pool spawns its workers as jobs come, seconds apart
             if len({pid for _, pid, *_ in [f.result() for f in [ex.submit(record, 0.5) for _ in range(4)]]}) == 4:
                 break
-        stages = [Sleepers(ex, "a", [0.6, 0.6, 0.6, 0.6]), Sleepers(ex, "b", [0.1, 0.7, 0.1, 0.7]),
-                  Sleepers(ex, "c", [0.2, 0.6, 0.2, 0.6])]
-        study.run_stages(ex, stages, on_end=lambda s: ended.append((s.name, len(s.out))))
+        stages = [Sleepers("a", [0.6, 0.6, 0.6, 0.6], follow=0.1), Sleepers("b", [0.1, 0.7, 0.1, 0.7]),
+                  Sleepers("c", [0.2, 0.6, 0.2, 0.6])]
+        queue = study.Queue(ex)
+        for stage in stages:
+            stage.start(queue)
+        queue.run(on_end=lambda s: ended.append((s.name, len(s.out))))
     jobs = [j for s in stages for j in s.out]
-    assert sorted(ended) == [("a", 4), ("b", 4), ("c", 4)] and len(jobs) == 12
+    assert ended == [("a", 8), ("b", 4), ("c", 4)] and len(jobs) == 16
     last_start = max(start for *_, start, _ in jobs)
     for device in "0123":
-        spans = sorted((start, end) for _, d, _, start, end in jobs if d == device)
+        spans = sorted((start, end) for *_, d, _, start, end in jobs if d == device)
         assert spans, f"device {device} ran nothing"
         for (_, end), (start, _) in itertools.pairwise(spans):
             assert end <= start < end + 0.25, (device, spans)  # one at a time, the next at once
         assert spans[-1][1] >= last_start - 0.25  # busy until the last job was started
     moments = sorted(t for *_, start, end in jobs for t in (start, end))
     assert max(sum(a <= t < b for *_, a, b in jobs) for t in moments) == 4
+    # a's grids started as a's runs ended, ahead of b's runs that waited (behind them, a would end last)
+    grids = [start for _, kind, *_, start, _ in jobs if kind == "follow-up"]
+    assert max(grids) < min(start for name, *_, start, _ in jobs if name == "b")
 
 
 #: two schemes, a causal-LM and a masked-LM run each: the study stages of a small pipeline
