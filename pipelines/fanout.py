@@ -21,8 +21,9 @@ Each stage is what its command in the pipeline says (its scheme, tasks, extensio
 overrides, runs folder and results folder are read from it, so nothing can differ
 from ``dvc repro``), planned, checked and written by the same code as the stage run
 alone (``pipelines.study``). As the last job of a stage is in, the stage writes its
-results and its time record (``results/times/study@<scheme>.json``: from the start of
-this command to the stage's end), and ``dvc commit`` records them in ``dvc.lock``, so
+results and its time record (``results/times/study@<scheme>.json``: from the submission
+of its first job to its end; stages overlap a little, where one's first runs start beside
+the last of the one before), and ``dvc commit`` records them in ``dvc.lock``, so
 ``dvc status`` lists it no more and a later ``dvc repro`` runs only the summaries. A
 stage whose scheme refuses a task, or whose job fails, writes nothing and is recorded
 nowhere (DVC keeps its committed results); the others go on, and this command exits
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"on {ex.banner()}", flush=True)
     failed: list[str] = []
     t0 = time.time()
+    queue = study.Queue(ex)
 
     def end(stage: study.Stage) -> None:
         f = next(f for f in fanned if f.stage is stage)
@@ -166,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             failed.extend(f"{f.address}: {why}" for why in stage.failed)
             print(f"{f.address}: FAILED, nothing written", flush=True)
             return
-        study.write(f.a, stage.done, ex.record())
-        write_json(Path(f.record), {"stage": Path(f.record).stem, "started": round(t0, 2),
-                                    "finished": round(time.time(), 2), "seconds": round(time.time() - t0, 2)})
+        begun, now = queue.begun[stage], time.time()
+        study.write(f.a, stage.done, ex.record(), t0=begun)
+        write_json(Path(f.record), {"stage": Path(f.record).stem, "started": round(begun, 2),
+                                    "finished": round(now, 2), "seconds": round(now - begun, 2)})
         out = dvc("commit", "--force", f.address)
         if out.returncode != 0:
             failed.append(f"{f.address}: written, but dvc commit failed: {out.stderr.strip()[-500:]}")
@@ -186,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(f.a.runs_dir, ignore_errors=True)  # the stage's own runs folder, as the stage does
                 ready.append(f)
             ex.clear()
-            queue = study.Queue(ex)
             for f in ready:
                 f.stage = study.Stage(f.a, ex, len(f.jobs))
                 f.stage.start(f.jobs, queue)

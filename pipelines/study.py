@@ -386,6 +386,7 @@ class Queue:
 
     def __init__(self, ex):
         self.ex, self.first, self.then, self.flying, self.left = ex, [], [], {}, {}
+        self.begun: dict = {}  # per stage: when its first job was submitted (its turn came)
 
     def put(self, stage, fn, args: tuple, name: str, tag: tuple, first: bool = False) -> None:
         """A job of ``stage``: ``fn(*args)``, named ``name``; ``stage.take(fut, tag, self)`` when it is in."""
@@ -395,6 +396,7 @@ class Queue:
     def fill(self) -> None:
         while (self.first or self.then) and (self.ex.slots is None or len(self.flying) < self.ex.slots):
             stage, fn, args, name, tag = (self.first or self.then).pop(0)
+            self.begun.setdefault(stage, time.time())
             self.flying[self.ex.submit(fn, *args, name=name)] = (stage, tag)
 
     def run(self, on_end=None) -> None:
@@ -418,9 +420,11 @@ def admit(a: argparse.Namespace, ex) -> list[str]:
         return [f"scheme {a.scheme}: {e}"]
 
 
-def write(a: argparse.Namespace, done: list[dict], record: dict) -> None:
+def write(a: argparse.Namespace, done: list[dict], record: dict, t0: float = T0) -> None:
     """The stage's results: each task's rows (``Task.writer``; a header alone for a task of the
-    study this scheme does not take), then the runs file, last, with the provenance and times."""
+    study this scheme does not take), then the runs file, last, with the provenance and times
+    (from ``t0``: this process's start, or when the stage's first job was submitted in a
+    fan-out, ``Queue.begun``)."""
     from hydra.utils import get_method
 
     from posenc.files import portable_path, write_json
@@ -437,9 +441,9 @@ def write(a: argparse.Namespace, done: list[dict], record: dict) -> None:
         del r["rows"]
         r["run_dir"] = portable_path(r["run_dir"])
     timing = {**record, "threads": a.threads,  # where the jobs ran: no part of the provenance
-              "startup_s": round(min(r.pop("started") for r in done) - T0, 2),
+              "startup_s": round(min(r.pop("started") for r in done) - t0, 2),
               "train_s": round(sum(r["train_s"] for r in done), 2), "eval_s": round(sum(r["eval_s"] for r in done), 2),
-              "wall_s": round(time.time() - T0, 2)}  # fmt: skip
+              "wall_s": round(time.time() - t0, 2)}  # fmt: skip
     write_json(Path(a.results_dir) / "runs" / f"{a.scheme}.json",
                {"scheme": a.scheme, "provenance": provenance(a, done), "machine": machine(), "timing": timing,
                 "runs": done})

@@ -137,8 +137,13 @@ def test_a_reduced_study_through_the_fan_out_is_the_stage_by_stage_repro(tmp_pat
                 pd.testing.assert_frame_equal(ours[scheme][folder], theirs[scheme][folder], check_exact=True)
     assert len(ours["none"]["extrapolation"]) == 2  # the causal-LM run at 1L and 2L
     assert _locked_deps(fanned) == _locked_deps(by_stage)
-    times = json.loads((fanned / "results/times/study@alibi.json").read_text())
-    assert times["stage"] == "study@alibi" and times["seconds"] > 0
+    # each stage's time from its turn (its first job's submission) to its end: alibi's runs took both
+    # job slots first, none's began as they freed
+    times = {s: json.loads((fanned / f"results/times/study@{s}.json").read_text()) for s in ("alibi", "none")}
+    assert times["alibi"]["stage"] == "study@alibi" and times["none"]["started"] > times["alibi"]["started"]
+    for scheme, t in times.items():
+        timing = json.loads((fanned / f"results/runs/{scheme}.json").read_text())["timing"]
+        assert 0 <= timing["startup_s"] < timing["wall_s"] <= t["seconds"] + 1, (scheme, timing, t)
 
     status = _dvc(fanned, "status", "--json", "dvc.yaml")
     assert status.returncode == 0, status.stderr[-2000:]
