@@ -116,6 +116,45 @@ class Fanned:
         self.stage: study.Stage | None = None
 
 
+def run_together(fanned: list[Fanned], ex, failed: list[str]) -> None:
+    """Every job of the stages ``fanned`` on ``ex`` through one queue; a stage that its scheme
+    refuses is left out, and each stage is written and recorded as it ends (``record``).
+    Failures are added to ``failed``, one line each."""
+    queue = study.Queue(ex)
+    with ex:
+        ready = []
+        for f in fanned:
+            refused = study.admit(f.a, ex)
+            if refused:
+                failed.extend(f"{f.address}: {why}" for why in refused)
+                continue
+            shutil.rmtree(f.a.runs_dir, ignore_errors=True)  # the stage's own runs folder, as the stage does
+            ready.append(f)
+        ex.clear()
+        for f in ready:
+            f.stage = study.Stage(f.a, ex, len(f.jobs))
+            f.stage.start(f.jobs, queue)
+        queue.run(on_end=lambda stage: record(next(f for f in ready if f.stage is stage), queue, ex, failed))
+
+
+def record(f: Fanned, queue: study.Queue, ex, failed: list[str]) -> None:
+    """A stage whose last job is in: its results, its time record (from its turn in the queue to
+    now) and its entry in dvc.lock (``dvc commit``); nothing when one of its jobs failed."""
+    if f.stage.failed:
+        failed.extend(f"{f.address}: {why}" for why in f.stage.failed)
+        print(f"{f.address}: FAILED, nothing written", flush=True)
+        return
+    begun, now = queue.begun[f.stage], time.time()
+    study.write(f.a, f.stage.done, ex.record(), t0=begun)
+    write_json(Path(f.record), {"stage": Path(f.record).stem, "started": round(begun, 2),
+                                "finished": round(now, 2), "seconds": round(now - begun, 2)})
+    out = dvc("commit", "--force", f.address)
+    if out.returncode != 0:
+        failed.append(f"{f.address}: written, but dvc commit failed: {out.stderr.strip()[-500:]}")
+    else:
+        print(f"{f.address}: written and recorded in its dvc.lock", flush=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.fanout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,41 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fan-out refused, nothing was run: {e}", file=sys.stderr)
         return 2
     print(f"on {ex.banner()}", flush=True)
-    failed: list[str] = []
-    t0 = time.time()
-    queue = study.Queue(ex)
-
-    def end(stage: study.Stage) -> None:
-        f = next(f for f in fanned if f.stage is stage)
-        if stage.failed:
-            failed.extend(f"{f.address}: {why}" for why in stage.failed)
-            print(f"{f.address}: FAILED, nothing written", flush=True)
-            return
-        begun, now = queue.begun[stage], time.time()
-        study.write(f.a, stage.done, ex.record(), t0=begun)
-        write_json(Path(f.record), {"stage": Path(f.record).stem, "started": round(begun, 2),
-                                    "finished": round(now, 2), "seconds": round(now - begun, 2)})
-        out = dvc("commit", "--force", f.address)
-        if out.returncode != 0:
-            failed.append(f"{f.address}: written, but dvc commit failed: {out.stderr.strip()[-500:]}")
-        else:
-            print(f"{f.address}: written and recorded in its dvc.lock", flush=True)
-
+    t0, failed = time.time(), []
     try:
-        with ex:
-            ready = []
-            for f in fanned:
-                refused = study.admit(f.a, ex)
-                if refused:
-                    failed.extend(f"{f.address}: {why}" for why in refused)
-                    continue
-                shutil.rmtree(f.a.runs_dir, ignore_errors=True)  # the stage's own runs folder, as the stage does
-                ready.append(f)
-            ex.clear()
-            for f in ready:
-                f.stage = study.Stage(f.a, ex, len(f.jobs))
-                f.stage.start(f.jobs, queue)
-            queue.run(on_end=end)
+        run_together(fanned, ex, failed)
     except (KeyboardInterrupt, SystemExit) as e:
         why = str(e) if str(e) and not isinstance(e, KeyboardInterrupt) else "Ctrl-C"
         print(f"fan-out interrupted ({why}): the stages written and recorded so far stay; no other was written",

@@ -52,6 +52,22 @@ def one_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def no_tracking_uri_left_behind():
+    """Lightning's MLflow logger writes MLFLOW_TRACKING_URI into this process's environment when
+    a run opens its store, and the logger config reads the variable: a later run in this process
+    (a test's, or a fixture's before it) or a subprocess (a submitit job, ``python train.py``)
+    would log into that store. Each test starts without what an earlier run wrote, and leaves
+    the variable as it found it."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     return data_dir()
