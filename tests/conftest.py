@@ -57,15 +57,22 @@ def no_tracking_uri_left_behind():
     """Lightning's MLflow logger writes MLFLOW_TRACKING_URI into this process's environment when
     a run opens its store, and the logger config reads the variable: a later run in this process
     (a test's, or a fixture's before it) or a subprocess (a submitit job, ``python train.py``)
-    would log into that store. Each test starts without what an earlier run wrote, and leaves
-    the variable as it found it."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    would log into that store. Each test starts, and ends, with the variable as the session
+    began with it (a module's fixture, set up before this, may have trained a run)."""
+    _session_tracking_uri()
     yield
-    if before is None:
+    _session_tracking_uri()
+
+
+#: MLFLOW_TRACKING_URI as the test session began (before any run wrote it)
+SESSION_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def _session_tracking_uri() -> None:
+    if SESSION_TRACKING_URI is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+        os.environ["MLFLOW_TRACKING_URI"] = SESSION_TRACKING_URI
 
 
 @pytest.fixture(scope="session")
