@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -279,9 +281,106 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 
 #: how a layer computes attention (``Attention.route``): the fused kernel with no
 #: mask, the fused kernel with a float mask (bias + causal), the fused forward (or,
-#: with a value term, a blockwise one) with the memory-light backward, or explicit
-#: (B, H, T, T) probabilities for a value term
-FUSED, MASKED, RECOMPUTED, PROBABILITIES = "fused", "masked", "recomputed", "probabilities"
+#: with a value term, a blockwise one) with the memory-light backward, explicit
+#: (B, H, T, T) probabilities for a value term, or FlexAttention with the bias read
+#: inside the kernel
+FUSED, MASKED, RECOMPUTED, PROBABILITIES, FLEX = "fused", "masked", "recomputed", "probabilities", "flex"
+
+#: the devices on which a position-only bias takes the ``flex`` route. FlexAttention
+#: has no backward on CPU, so CPU keeps its float-mask routes; the tests add "cpu" with
+#: a dense evaluation of the same score function in place of the kernel. The variable
+#: POSENC_FLEX_DEVICES (comma-separated device types; empty: none) overrides it
+FLEX_DEVICES = tuple(d for d in os.environ.get("POSENC_FLEX_DEVICES", "cuda").split(",") if d)
+
+
+@dataclass(frozen=True)
+class FlexParts:
+    """A position-only bias in the form the ``flex`` route reads: ``table`` (H, 2T - 1),
+    the relative part on the distances 1 - T .. T - 1, read inside the kernel at
+    [h, j - i + T - 1] (``relative_score_mod``), and ``factors`` (a, b), (H, T, r) each,
+    the absolute part as ``logit_scale * a @ b^T``, appended to the queries and keys.
+    Either may be None. Both carry their graph: the kernel's backward gives the table its
+    gradient, and q and k theirs, and autograd takes both on to the scheme's parameters."""
+
+    table: Tensor | None
+    factors: tuple[Tensor, Tensor] | None
+
+
+def flex_parts(scheme: PositionalScheme, pos: Tensor) -> FlexParts | None:
+    """The parts of ``scheme``'s position-only bias at contiguous positions ``pos`` for
+    the ``flex`` route, or None where the scheme has an absolute part without an exactly
+    low-rank form (FIRE; TUPE with [CLS] untied): it then takes the masked route. A scheme
+    gets the route by what it defines (``relative_bias``, ``absolute_factors``), with no
+    branch here."""
+    factors = None
+    if scheme.defines("absolute_bias"):
+        factors = scheme.absolute_factors(pos, pos)
+        if factors is None:
+            return None
+    return FlexParts(scheme.relative_bias(distance_range(pos, pos)), factors)
+
+
+def relative_score_mod(table: Tensor | None, T: int) -> Callable | None:
+    """FlexAttention's ``score_mod`` adding ``table[h, j - i + T - 1]`` to the scaled
+    logit of query i and key j: the relative part laid out as ``toeplitz`` lays it out."""
+    if table is None:
+        return None
+    offset = T - 1
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, kv_idx - q_idx + offset]
+
+    return score_mod
+
+
+def causal_mask_mod(b, h, q_idx, kv_idx):
+    """FlexAttention's ``mask_mod`` of causal attention: key j is seen from query i when j <= i."""
+    return kv_idx <= q_idx
+
+
+@functools.lru_cache(maxsize=16)
+def causal_block_mask(T: int, device: torch.device):
+    """The causal ``BlockMask`` of T queries and keys: built once per length and device, shared
+    by every layer and forward (the blocks above the diagonal are skipped, not masked)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(causal_mask_mod, None, None, T, T, device=device)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_kernel(device: torch.device) -> Callable:
+    """FlexAttention for ``device``: compiled on CUDA (it must be to be fast), eager
+    elsewhere (CPU: the forward only, which the tests check against the dense reference)."""
+    if device.type == "cuda":
+        return _compiled_flex_attention()
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention
+
+
+def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, causal: bool, scale: float) -> Tensor:
+    """Attention with a position-only bias through FlexAttention: the absolute factors
+    appended to q and k (one fused product gives content plus absolute part, both at
+    ``scale``), the relative table read in ``score_mod``, and causality as a ``BlockMask``.
+    Nothing of size T^2 is built. Positions are contiguous (``Attention.route``)."""
+    B, T = q.shape[0], q.shape[-2]
+    if parts.factors is not None:
+        a, b = (f.to(q.dtype).expand(B, -1, -1, -1) for f in parts.factors)
+        q, k = torch.cat([q, a], -1), torch.cat([k, b], -1)
+    mask = causal_block_mask(T, q.device) if causal else None
+    try:
+        return flex_kernel(q.device)(q, k, v, score_mod=relative_score_mod(parts.table, T), block_mask=mask,
+                                     scale=scale)
+    except Exception as e:
+        e.add_note("posenc: the flex route failed; POSENC_FLEX_DEVICES= (empty) sends position-only biases "
+                   "to the float-mask routes")
+        raise
 
 
 def with_causal(bias: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:
@@ -301,6 +400,7 @@ class AttentionPlan:
 
     route: str
     masks: dict = field(default_factory=dict)  # PositionalScheme -> (1, H, T, T) mask
+    flex: dict = field(default_factory=dict)  # PositionalScheme -> FlexParts, on the flex route
 
     def mask(self, scheme: PositionalScheme) -> Tensor | None:
         """The shared mask of ``scheme``'s position-only bias, or None (no bias, or one that reads q and k)."""
@@ -314,6 +414,14 @@ def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor) -> Atten
     and, on the ``masked`` route with gradients on or positions that are not contiguous,
     of every one (otherwise a layer's own is built a block at a time, ``position_blocks``)."""
     route = layers[0].route(x, pos)
+    if route == FLEX:  # one set of parts per scheme instance, shared by the layers that share it
+        flex: dict = {}
+        for attn in layers:
+            if attn.scheme not in flex:
+                flex[attn.scheme] = flex_parts(attn.scheme, pos)
+        if all(p is not None for p in flex.values()):
+            return AttentionPlan(FLEX, flex=flex)
+        route = layers[0].route(x, pos, flex=False)
     users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias and not attn.scheme.uses_value_term)
     whole = route == MASKED and (torch.is_grad_enabled() or not is_contiguous(pos))
     masks: dict = {}
@@ -361,8 +469,11 @@ class Attention(nn.Module):
         b = self.scheme.bias(q, k, q_pos, k_pos)
         return att if b is None else att.add_(b)
 
-    def route(self, x: Tensor, pos: Tensor) -> str:
-        """The route of a call with input ``x`` at positions ``pos``. ``recomputed``
+    def route(self, x: Tensor, pos: Tensor, flex: bool = True) -> str:
+        """The route of a call with input ``x`` at positions ``pos``. ``flex`` (where
+        ``flex`` is True) needs a device in ``FLEX_DEVICES``, a position-only bias without a
+        value term, contiguous positions and no attention dropout; ``plan_attention`` sends
+        a scheme whose absolute part has no low-rank form on to the next route. ``recomputed``
         needs contiguous positions, CPU (CUDA's fused kernels take a mask that
         requires grad themselves), no attention dropout, and either a value term
         (with gradients on or off: its blockwise forward keeps no (T, T)
@@ -373,12 +484,16 @@ class Attention(nn.Module):
         sch = self.scheme
         if not (sch.has_bias or sch.uses_value_term):
             return FUSED
+        dropping = self.training and self.dropout > 0
+        if (flex and x.device.type in FLEX_DEVICES and sch.position_only_bias and not sch.uses_value_term
+                and not dropping and is_contiguous(pos)):
+            return FLEX
         trains = torch.is_grad_enabled() and (
             not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
         recompute = (
             x.device.type == "cpu"
             and (sch.uses_value_term or trains)
-            and not (self.training and self.dropout > 0)
+            and not dropping
             and is_contiguous(pos)
         )
         return RECOMPUTED if recompute else PROBABILITIES if sch.uses_value_term else MASKED
@@ -405,6 +520,8 @@ class Attention(nn.Module):
             q, k = self.scheme.rotate(q, k, pos, pos)
             if plan.route == FUSED:
                 y = self._sdpa(q, k, v, is_causal=self.causal)
+            elif plan.route == FLEX:
+                y = flex_route_attention(q, k, v, plan.flex[self.scheme], self.causal, self.scheme.logit_scale())
             elif plan.route == MASKED:
                 drop = self.dropout if self.training else 0.0
                 increasing = self.causal and bool((pos[1:] > pos[:-1]).all())

@@ -184,6 +184,13 @@ class PositionalScheme(nn.Module):
         """``absolute_bias`` for query rows ``rows`` and key columns ``cols``, (1, H, rows, cols), or None."""
         return self.absolute_bias(q_pos[rows], k_pos[cols])
 
+    def absolute_factors(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The absolute part in an exactly low-rank form, or None where it has none (the
+        default): factors a (H, Tq, r) and b (H, Tk, r) with ``absolute_bias(q_pos, k_pos)
+        = logit_scale() * a @ b^T``, so that attention can append them to the queries and
+        keys and keep a fused kernel with no (Tq, Tk) mask (``attention.flex_parts``)."""
+        return None
+
     # ------------------------------------------------ derived from the parts, final
     def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """The bias from positions alone, (1, H, Tq, Tk): the absolute part plus the

@@ -101,6 +101,11 @@ class TUPE(PositionalScheme):
             corr = torch.where((qp == 0)[None, :, None], theta[0][:, None, None], corr)  # [CLS] as the query
         return corr[None]  # (1, H, rows, cols), without the relative bias
 
+    def absolute_factors(self, q_pos, k_pos):
+        """p_i U^Q and p_j U^K: the untied correlation is their product at the logit scale,
+        exactly, unless [CLS] is untied (theta replaces a row and a column)."""
+        return None if self.theta is not None else self.absolute_parts(q_pos, k_pos)
+
     def relative_bias(self, rel):
         if self.rel is None:
             return None
