@@ -45,8 +45,8 @@ import time
 from pathlib import Path
 
 from pipelines import executors, profile, study
+from pipelines.timed import write_record
 from posenc.errors import ConfigError
-from posenc.files import write_json
 
 STUDY = ["python", "-m", "pipelines.study"]
 TIMED = ["python", "-m", "pipelines.timed"]
@@ -146,8 +146,7 @@ def record(f: Fanned, queue: study.Queue, ex, failed: list[str]) -> None:
         return
     begun, now = queue.begun[f.stage], time.time()
     study.write(f.a, f.stage.done, ex.record(), t0=begun)
-    write_json(Path(f.record), {"stage": Path(f.record).stem, "started": round(begun, 2),
-                                "finished": round(now, 2), "seconds": round(now - begun, 2)})
+    write_record(Path(f.record), begun, now)
     out = dvc("commit", "--force", f.address)
     if out.returncode != 0:
         failed.append(f"{f.address}: written, but dvc commit failed: {out.stderr.strip()[-500:]}")

@@ -41,9 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     finished = time.time()
     if rc != 0:
         return rc
+    write_record(record, started, finished)
+    return 0
+
+
+def write_record(record: Path, started: float, finished: float) -> None:
+    """A stage's time record: the stage (the file's name), its start and end (seconds since the
+    epoch) and its seconds; what this module writes, and the fan-out for each stage it runs."""
     write_json(record, {"stage": record.stem, "started": round(started, 2), "finished": round(finished, 2),
                         "seconds": round(finished - started, 2)})
-    return 0
 
 
 def wall(records: Mapping[str, Mapping]) -> dict:

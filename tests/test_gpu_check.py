@@ -135,3 +135,32 @@ def test_the_estimate_counts_every_run_of_the_paper_profile():
     jobs = gpu_check.paper_jobs(yaml.safe_load(gpu_check.PAPER_PARAMS.read_text()))
     assert len(jobs) == 44 and {j["T"] for j in jobs} == {128, 512}
     assert {j["task"] for j in jobs if j["scheme"] == "xpos"} == {"lm", "retrieval"}
+
+
+def test_the_flex_schemes_are_timed_again_on_the_float_mask_route(tmp_path, monkeypatch):
+    """The schemes whose training took the flex route are benchmarked a second time with
+    ``POSENC_FLEX_DEVICES=`` (with ``none``, in the same check), and the report sets each
+    scheme's two ratios side by side."""
+    monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "check_scheme", lambda s, a, work: {
+        "scheme": s, "route": "flex" if s == "alibi" else "fused", "train_s": 1.0, "first_loss": 5.5,
+        "last_loss": 5.0, "val_loss": 5.0, "loss_ok": True, "bf16": 1e-3, "fp32": 1e-6, "numerics_ok": True,
+        "ppl_L": 9.0, "ppl_4L": 9.5, "eval_s": 1.0})
+    calls = []
+
+    def bench(a, work, timeout, name="bench", model=None, lengths=None, extra=(), env=None):
+        calls.append((name, extra, env))
+        ratio = {"bench": 1.05, "bench-masked": 1.8}[name]
+        rows = [{"scheme": s, "T": 64, "batch": 1, "train_tok_s": 1e3, "step_ratio": 1.0 if s == "none" else ratio,
+                 "mem_ratio": 1.0, "flop_share": 1.0} for s in ("none", "alibi")]
+        return {"seconds": 1.0, "rows": rows, "command": "-m posenc.bench", "peak_flops_per_s": 1e12, "model": "micro"}
+
+    monkeypatch.setattr(gpu_check, "run_bench", bench)
+    out = tmp_path / "gpu.md"
+    rc = gpu_check.main(["--device", "cpu", "--schemes", "none", "alibi", "--bench-lengths", "64",
+                         "--no-paper-bench", "--out", str(out)])
+    assert rc == 0
+    assert calls[1] == ("bench-masked", ("--schemes", "none", "alibi"), {"POSENC_FLEX_DEVICES": ""})
+    text = out.read_text()
+    assert "## The flex route against the float-mask route" in text
+    assert "| alibi | 64 | 1.05 | 1.80 | 1.00 | 1.00 |" in text

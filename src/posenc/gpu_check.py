@@ -25,7 +25,9 @@ another fails (a failure is written into the report with its error, and the exit
    4096 tokens per batch, bf16 autocast): each scheme's training-step time and peak memory
    against NoPE (``none``) and its FLOP share (its counted FLOPs over NoPE's). A scheme whose
    step takes over 1.3x NoPE's is named with its attention route, the reason it is slower
-   (``route_reason``).
+   (``route_reason``). The schemes whose training took the ``flex`` route (FlexAttention) are
+   timed again, with ``none``, on the float-mask route (``POSENC_FLEX_DEVICES=``): the route
+   before and after, side by side in one check.
 
 5. **The paper profile's model.** ``posenc.bench`` with the model, vocabulary, lengths and tokens
    per step of ``profiles/paper/params.yaml`` (``model=base``, V = 16384, L = 512, masked LM at
@@ -73,6 +75,9 @@ ROUTE_REASONS = {
     "probabilities": "a value term (relative values) needs the attention probabilities themselves: "
     "the (B, H, T, T) matrix is materialised, no fused kernel applies",
     "recomputed": "the bias is rebuilt block by block in the backward (CPU route)",
+    "flex": "FlexAttention, compiled: the relative bias read inside the kernel (score_mod), an exactly low-rank "
+    "absolute part appended to q and k, causality a block mask; what it still costs over the fused kernel is "
+    "FlexAttention's own (compare the float-mask route below)",
 }
 #: a scheme on the fused route that is still slower: what it adds outside the kernel (not profiled)
 FUSED_EXTRA = {
@@ -175,8 +180,9 @@ def check_scheme(scheme: str, a: argparse.Namespace, work: Path) -> dict:
 
 
 def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: str = "bench", model: str | None = None,
-              lengths: list[int] | None = None, extra: tuple[str, ...] = ()) -> dict:
-    """Parts 4 and 5: ``posenc.bench`` in its own process, its summary read back."""
+              lengths: list[int] | None = None, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
+    """Parts 4 and 5: ``posenc.bench`` in its own process (with ``env`` added to this
+    process's environment), its summary read back."""
     out = work / name
     cmd = [sys.executable, "-m", "posenc.bench", "--device", a.device, "--no-xtransformers", "--no-progress",
            "--out-dir", str(out), "--repeats", str(a.bench_repeats), "--model", model or a.model, "--lengths",
@@ -184,7 +190,8 @@ def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: st
     if a.device == "cpu":
         cmd += ["--tiny", "--max-memory-gb", "0"]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else os.environ | env)
     if proc.returncode != 0:
         raise RuntimeError(f"posenc.bench exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     res = json.loads((out / "bench.json").read_text())
@@ -372,10 +379,38 @@ def markdown(res: dict) -> str:
                 else:
                     why = ROUTE_REASONS.get(route, "route not recorded")
                 lines.append(f"- **{route or '?'}** ({'; '.join(items)}): {why}.")
+    lines += routes_markdown(res)
     lines += paper_markdown(res)
     if res.get("failures"):
         lines += ["", "## Failures", "", *[f"- {f}" for f in res["failures"]]]
     return "\n".join(lines) + "\n"
+
+
+def routes_markdown(res: dict) -> list[str]:
+    """The schemes on the flex route against themselves on the float-mask route
+    (``POSENC_FLEX_DEVICES=``), each against ``none`` of its own run."""
+    m, b = res.get("bench_masked"), res.get("bench")
+    if not m:
+        return []
+    lines = ["", "## The flex route against the float-mask route", ""]
+    if "error" in m or not b or "error" in b:
+        return lines + [f"Failed: {m.get('error') or 'the benchmark on the flex route failed'}"]
+    masked = {(r["scheme"], r["T"]): r for r in m["rows"]}
+    lines += [
+        f"The schemes whose training took the flex route, timed again with `POSENC_FLEX_DEVICES=` (the float-mask "
+        f"routes) in the same check: `python {m['command']}` ({m['seconds']:.0f} s). Each ratio is against `none` of "
+        "its own benchmark run.", "",
+        "| scheme | T | step vs none, flex | step vs none, float mask | memory vs none, flex "
+        "| memory vs none, float mask |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for r in b["rows"]:
+        old = masked.get((r["scheme"], r["T"]))
+        if old is None or r["scheme"] == "none":
+            continue
+        lines.append(f"| {r['scheme']} | {r['T']} | {_fmt(r.get('step_ratio'), '.2f')} | {_fmt(old.get('step_ratio'), '.2f')} "
+                     f"| {_fmt(r.get('mem_ratio'), '.2f')} | {_fmt(old.get('mem_ratio'), '.2f')} |")  # fmt: skip
+    return lines
 
 
 def paper_markdown(res: dict) -> list[str]:
@@ -491,6 +526,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001
             res["bench"] = {"error": failure(e, 1500)}
             res["failures"].append(f"benchmark: {res['bench']['error']}")
+    flex = [r["scheme"] for r in res["schemes"] if r.get("route") == "flex"]
+    if a.bench_lengths and flex:  # the same schemes on the float-mask route: before and after, in one run
+        try:
+            res["bench_masked"] = run_bench(a, work, left(), "bench-masked", extra=("--schemes", "none", *flex),
+                                            env={"POSENC_FLEX_DEVICES": ""})
+        except Exception as e:  # noqa: BLE001
+            res["bench_masked"] = {"error": failure(e, 1500)}
+            res["failures"].append(f"benchmark on the float-mask route: {res['bench_masked']['error']}")
+        save()
     if a.paper_bench:
         try:
             import yaml
