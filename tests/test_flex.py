@@ -47,12 +47,13 @@ def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None):
 
 
 def flex_cases():
-    """The position-only schemes without a value term: those the route serves, or hands on."""
+    """The position-only schemes and those with a low-rank content part, without a value
+    term: those the route serves, or hands on."""
     out = []
     for case in CASES:
         name, causal, extra = case.values
         sch = scheme_of(name, causal, extra, max_len=32)
-        if sch.position_only_bias and not sch.uses_value_term:
+        if (sch.position_only_bias or sch.factors_content()) and not sch.uses_value_term:
             out.append(case)
     return out
 
@@ -165,5 +166,26 @@ def test_the_flex_route_is_taken_only_where_it_applies(monkeypatch):
     assert attn("alibi", dropout=0.1).train().route(x, pos) != FLEX
     assert attn("alibi", dropout=0.1).eval().route(x, pos) == FLEX
     assert attn("alibi").route(x, torch.tensor([0, 1, 3, 4, 5, 6, 7, 8])) != FLEX
-    for name in ("transformer_xl", "shaw", "rope", "none"):
+    assert attn("fixed_bidirectional").route(x, pos) == FLEX
+    for name in ("transformer_xl", "skew", "shaw", "rope", "none"):
         assert attn(name).route(x, pos) != FLEX
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("head_dim", [8, 7])
+def test_content_factors_give_the_content_bias(causal, head_dim):
+    """The fixed bidirectional encoding's angle-addition factors against its shift-built
+    ``content_bias``, at contiguous and at gapped positions, for an even and an odd head
+    dimension (no last cosine slot), in float64 (``sinusoid`` returns its table in float32, the
+    default dtype: agreement to float32's rounding of the table is what can be asked)."""
+    torch.manual_seed(0)
+    sch = factory("fixed_bidirectional")(d_model=head_dim * 2, n_heads=2, max_len=512, causal=causal)
+    assert sch.factors_content()
+    q, k = torch.randn(2, 2, 20, head_dim, dtype=torch.float64), torch.randn(2, 2, 20, head_dim, dtype=torch.float64)
+    for pos in (torch.arange(20) + 100, torch.cumsum(torch.randint(1, 9, (20,)), 0)):
+        a, b = sch.content_factors(q, k, pos, pos)
+        got = sch.logit_scale() * a @ b.transpose(-1, -2)
+        want = sch.content_bias(q, k, pos, pos)
+        if causal:  # content_bias leaves the pairs the causal mask removes at 0
+            got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
+        torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)

@@ -15,12 +15,13 @@ DOCS = project_root() / "docs"
 
 def test_the_script_runs_end_to_end_on_the_cpu(tmp_path, data_root, cache_dir, monkeypatch):
     """``--device cpu``: every part of the check runs (training, numerics, evaluation at 4L, the
-    benchmark) and the report names each scheme with its checks passed."""
+    benchmark, the long evaluation) and the report names each scheme with its checks passed."""
     monkeypatch.setenv("POSENC_DATA_DIR", str(data_root))
     out = tmp_path / "gpu.md"
     rc = gpu_check.main(["--device", "cpu", "--model", "micro", "--seq-len", "32", "--steps", "12", "--batch-size", "8",
                          "--schemes", "none", "alibi", "shaw", "--bench-lengths", "32", "--bench-repeats", "1",
-                         "--no-paper-bench", "--cache-dir", str(cache_dir), "--out", str(out)])  # fmt: skip
+                         "--long-tokens", "96", "--no-paper-bench", "--cache-dir", str(cache_dir),
+                         "--out", str(out)])  # fmt: skip
     text = out.with_suffix(".json").read_text()
     res = json.loads(text)
     assert rc == 0, res["failures"]
@@ -34,7 +35,10 @@ def test_the_script_runs_end_to_end_on_the_cpu(tmp_path, data_root, cache_dir, m
     assert {r["scheme"]: r["route"] for r in res["schemes"]} == {"none": "fused", "alibi": "masked",
                                                                  "shaw": "recomputed"}  # fmt: skip
     assert {r["T"] for r in res["bench"]["rows"]} == {32}
+    assert [(r["scheme"], r["tokens"], r["finite"]) for r in res["long"]["rows"]] == [
+        ("none", 96, True), ("alibi", 96, True), ("shaw", 96, True)]
     text = out.read_text()
+    assert "## Long evaluation" in text
     assert "a smoke test of the script, not a GPU check" in text
     assert "| alibi |" in text and "**no**" not in text
 
@@ -52,7 +56,7 @@ def test_a_broken_part_is_reported_and_fails_the_check(tmp_path, data_root, cach
     monkeypatch.setattr(gpu_check, "check_scheme", broken)
     out = tmp_path / "gpu.md"
     rc = gpu_check.main(["--device", "cpu", "--model", "micro", "--seq-len", "32", "--steps", "4", "--batch-size", "4",
-                         "--schemes", "none", "alibi", "--bench-lengths", "--no-paper-bench", "--cache-dir",
+                         "--schemes", "none", "alibi", "--bench-lengths", "--long-tokens", "0", "--no-paper-bench", "--cache-dir",
                          str(cache_dir), "--out", str(out)])  # fmt: skip
     assert rc == 1
     assert "alibi: RuntimeError: planted failure" in out.read_text()
@@ -158,7 +162,7 @@ def test_the_flex_schemes_are_timed_again_on_the_float_mask_route(tmp_path, monk
     monkeypatch.setattr(gpu_check, "run_bench", bench)
     out = tmp_path / "gpu.md"
     rc = gpu_check.main(["--device", "cpu", "--schemes", "none", "alibi", "--bench-lengths", "64",
-                         "--no-paper-bench", "--out", str(out)])
+                         "--long-tokens", "0", "--no-paper-bench", "--out", str(out)])
     assert rc == 0
     assert calls[1] == ("bench-masked", ("--schemes", "none", "alibi"), {"POSENC_FLEX_DEVICES": ""})
     text = out.read_text()

@@ -364,15 +364,18 @@ def flex_kernel(device: torch.device) -> Callable:
     return flex_attention
 
 
-def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, causal: bool, scale: float) -> Tensor:
-    """Attention with a position-only bias through FlexAttention: the absolute factors
-    appended to q and k (one fused product gives content plus absolute part, both at
-    ``scale``), the relative table read in ``score_mod``, and causality as a ``BlockMask``.
-    Nothing of size T^2 is built. Positions are contiguous (``Attention.route``)."""
+def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, causal: bool, scale: float,
+                         content: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Attention with a bias through FlexAttention: the absolute factors, and a layer's
+    ``content`` factors (the fixed bidirectional encoding's), appended to q and k (one fused
+    product gives the content logits and these parts, all at ``scale``), the relative
+    table read in ``score_mod``, and causality as a ``BlockMask``. Nothing of size T^2 is
+    built. Positions are contiguous (``Attention.route``)."""
     B, T = q.shape[0], q.shape[-2]
-    if parts.factors is not None:
-        a, b = (f.to(q.dtype).expand(B, -1, -1, -1) for f in parts.factors)
-        q, k = torch.cat([q, a], -1), torch.cat([k, b], -1)
+    for factors in (parts.factors, content):
+        if factors is not None:
+            a, b = (f.to(q.dtype).expand(B, -1, -1, -1) for f in factors)
+            q, k = torch.cat([q, a], -1), torch.cat([k, b], -1)
     mask = causal_block_mask(T, q.device) if causal else None
     try:
         return flex_kernel(q.device)(q, k, v, score_mod=relative_score_mod(parts.table, T), block_mask=mask,
@@ -471,8 +474,9 @@ class Attention(nn.Module):
 
     def route(self, x: Tensor, pos: Tensor, flex: bool = True) -> str:
         """The route of a call with input ``x`` at positions ``pos``. ``flex`` (where
-        ``flex`` is True) needs a device in ``FLEX_DEVICES``, a position-only bias without a
-        value term, contiguous positions and no attention dropout; ``plan_attention`` sends
+        ``flex`` is True) needs a device in ``FLEX_DEVICES``, a position-only bias or a content
+        bias in low-rank form (``content_factors``), no value term, contiguous positions and
+        no attention dropout; ``plan_attention`` sends
         a scheme whose absolute part has no low-rank form on to the next route. ``recomputed``
         needs contiguous positions, CPU (CUDA's fused kernels take a mask that
         requires grad themselves), no attention dropout, and either a value term
@@ -485,8 +489,8 @@ class Attention(nn.Module):
         if not (sch.has_bias or sch.uses_value_term):
             return FUSED
         dropping = self.training and self.dropout > 0
-        if (flex and x.device.type in FLEX_DEVICES and sch.position_only_bias and not sch.uses_value_term
-                and not dropping and is_contiguous(pos)):
+        if (flex and x.device.type in FLEX_DEVICES and (sch.position_only_bias or sch.factors_content())
+                and not sch.uses_value_term and not dropping and is_contiguous(pos)):
             return FLEX
         trains = torch.is_grad_enabled() and (
             not sch.position_only_bias or any(p.requires_grad for p in sch.parameters()))
@@ -521,7 +525,8 @@ class Attention(nn.Module):
             if plan.route == FUSED:
                 y = self._sdpa(q, k, v, is_causal=self.causal)
             elif plan.route == FLEX:
-                y = flex_route_attention(q, k, v, plan.flex[self.scheme], self.causal, self.scheme.logit_scale())
+                content = self.scheme.content_factors(q, k, pos, pos) if self.scheme.factors_content() else None
+                y = flex_route_attention(q, k, v, plan.flex[self.scheme], self.causal, self.scheme.logit_scale(), content)
             elif plan.route == MASKED:
                 drop = self.dropout if self.training else 0.0
                 increasing = self.causal and bool((pos[1:] > pos[:-1]).all())

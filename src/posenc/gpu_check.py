@@ -34,6 +34,12 @@ another fails (a failure is written into the report with its error, and the exit
    128), and from its step times what that study's training would take on this GPU, and on N
    of them with one job per GPU (``paper_estimate``).
 
+6. **Long evaluation.** Every scheme's forward without gradients (bf16 autocast on CUDA) at
+   ``--long-tokens`` tokens (16,384: the paper profile's longest evaluation, 32L at L = 512),
+   batch 1, with the paper profile's model (``model=base``) and random weights: whether it
+   fits on the card, its seconds (a second call, after any compilation) and its peak memory
+   against ``none``'s.
+
 ``--device cpu`` runs the same code on the CPU with a small model (``--model``, ``--steps``): a
 smoke test of the script (tests/test_gpu_check.py), not a GPU check; its report says so.
 """
@@ -201,6 +207,67 @@ def run_bench(a: argparse.Namespace, work: Path, timeout: float | None, name: st
     return {"seconds": round(time.perf_counter() - t, 1), "rows": rows,
             "command": " ".join(cmd[1:]).replace(str(work), "<tmp>"),  # no path of this machine in the record
             "peak_flops_per_s": res["peak"]["flops_per_s"], "model": res["meta"].get("model")}
+
+
+def long_evaluation(a: argparse.Namespace, schemes: list[str], model: str, tokens: int) -> dict:
+    """Part 6: each scheme's forward at ``tokens`` tokens, batch 1, no gradients, random weights."""
+    from .bench.config import compose_configs
+    from .bench.models import autocast, build_posenc, sync
+
+    cuda = a.device == "cuda"
+    model_cfg, encodings = compose_configs(model, schemes, tokens, tiny=not cuda)
+    rows = []
+    for scheme in schemes:
+        row: dict = {"scheme": scheme, "tokens": tokens}
+        net = None
+        try:
+            net = build_posenc(scheme, encodings[scheme], model_cfg, VOCAB).to(a.device).eval()
+            idx = torch.randint(0, VOCAB, (1, tokens), device=a.device)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() if cuda else 0
+            for _ in range(2):  # the second call is timed: the first may compile
+                t = time.perf_counter()
+                with torch.no_grad(), autocast(a.device):
+                    logits = net(idx)
+                sync(a.device)
+            row["seconds"] = round(time.perf_counter() - t, 3)
+            row["peak_bytes"] = torch.cuda.max_memory_allocated() - before if cuda else None
+            row["finite"] = bool(torch.isfinite(logits.float()).all())
+        except Exception as e:  # noqa: BLE001 -- out of memory is a result; the other schemes go on
+            row["error"] = failure(e)
+        finally:
+            del net
+            if cuda:
+                torch.cuda.empty_cache()
+        rows.append(row)
+    return {"model": model, "tokens": tokens, "rows": rows}
+
+
+def long_markdown(res: dict) -> list[str]:
+    e = res.get("long")
+    if not e:
+        return []
+    lines = ["", "## Long evaluation", ""]
+    if "error" in e:
+        return lines + [f"Failed: {e['error']}"]
+    none = next((r for r in e["rows"] if r["scheme"] == "none" and r.get("peak_bytes")), None)
+    lines += [
+        f"A forward without gradients at {e['tokens']:,} tokens, batch 1, `model={e['model']}`, random weights "
+        "(the second call, after any compilation). Memory: the peak above the model's weights.", "",
+        "| scheme | seconds | peak memory MiB | memory vs none | logits finite |",
+        "|---|---:|---:|---:|:-:|",
+    ]
+    for r in e["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['scheme']} | failed: {r['error']} | | | |")
+            continue
+        mem = r.get("peak_bytes")
+        ratio = mem / none["peak_bytes"] if mem and none else None
+        lines.append(f"| {r['scheme']} | {r['seconds']:.2f} | {_fmt(mem and mem / 2**20, ',.0f')} | {_fmt(ratio, '.2f')} "
+                     f"| {'yes' if r['finite'] else '**no**'} |")
+    return lines
 
 
 #: the study the estimate is of
@@ -380,6 +447,7 @@ def markdown(res: dict) -> str:
                     why = ROUTE_REASONS.get(route, "route not recorded")
                 lines.append(f"- **{route or '?'}** ({'; '.join(items)}): {why}.")
     lines += routes_markdown(res)
+    lines += long_markdown(res)
     lines += paper_markdown(res)
     if res.get("failures"):
         lines += ["", "## Failures", "", *[f"- {f}" for f in res["failures"]]]
@@ -458,6 +526,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="small")
     p.add_argument("--bench-lengths", type=int, nargs="*", default=[1024, 4096], help="none: no benchmark")
     p.add_argument("--bench-repeats", type=int, default=3)
+    p.add_argument("--long-tokens", type=int, default=16384,
+                   help="part 6, the long evaluation: tokens of one forward (0: skip; --device cpu: a tiny model)")
+    p.add_argument("--long-model", default="base", help="part 6's conf/model (default base, the paper profile's)")
     p.add_argument("--budget-s", type=float, help="seconds the whole check may take: schemes not started by then "
                    "are reported as not run, and the benchmark gets what is left (default: no limit)")
     p.add_argument("--cache-dir", help="prepared corpora (paths.cache_dir; default: the project's)")
@@ -534,6 +605,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001
             res["bench_masked"] = {"error": failure(e, 1500)}
             res["failures"].append(f"benchmark on the float-mask route: {res['bench_masked']['error']}")
+        save()
+    if a.long_tokens:
+        try:
+            res["long"] = long_evaluation(a, schemes, a.long_model, a.long_tokens)
+            res["failures"] += [f"{r['scheme']} at {a.long_tokens} tokens: {r['error']}"
+                                for r in res["long"]["rows"] if "error" in r]
+        except Exception as e:  # noqa: BLE001
+            res["long"] = {"error": failure(e, 1500)}
+            res["failures"].append(f"long evaluation: {res['long']['error']}")
         save()
     if a.paper_bench:
         try:

@@ -191,6 +191,18 @@ class PositionalScheme(nn.Module):
         keys and keep a fused kernel with no (Tq, Tk) mask (``attention.flex_parts``)."""
         return None
 
+    def content_factors(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The content part in an exactly low-rank form, or None where it has none (the
+        default): factors a (B, H, Tq, r) and b (B or 1, H, Tk, r) with ``content_bias(q, k,
+        q_pos, k_pos) = logit_scale() * a @ b^T``, appended to the queries and keys as
+        ``absolute_factors`` are (``attention.flex_route_attention``)."""
+        return None
+
+    @classmethod
+    def factors_content(cls) -> bool:
+        """Whether the class gives its content part a low-rank form (defines ``content_factors``)."""
+        return cls.content_factors is not PositionalScheme.content_factors
+
     # ------------------------------------------------ derived from the parts, final
     def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """The bias from positions alone, (1, H, Tq, Tk): the absolute part plus the

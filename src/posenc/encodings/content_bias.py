@@ -447,3 +447,21 @@ class FixedBidirectional(ContentBiasTerms, PositionalScheme):
 
     def content_bias(self, q, k, q_pos, k_pos):
         return relative_logits(q, self.r, q_pos, k_pos, self.causal) * self.logit_scale()
+
+    def content_factors(self, q, k, q_pos, k_pos):
+        """q_i · R_{i-j} by angle addition, for every pair (both directions, any positions):
+        with w the frequency of a sin slot s and its cos slot c,
+        q_s sin((i - j)w) + q_c cos((i - j)w) = cos(jw) (q_s sin(iw) + q_c cos(iw))
+        + sin(jw) (q_c sin(iw) - q_s cos(iw)), so a = those two brackets and b = (cos jw, sin jw),
+        one extra dimension per slot. Angles in float64, as ``sinusoid`` takes them. Checked
+        against ``content_bias`` in tests/test_flex.py."""
+        half = (self.head_dim + 1) // 2
+        inv_freq = self.base ** (-torch.arange(half, dtype=torch.float64, device=q.device) * 2 / self.head_dim)
+        a_q, a_k = q_pos.to(torch.float64)[:, None] * inv_freq, k_pos.to(torch.float64)[:, None] * inv_freq
+        sin_i, cos_i = a_q.sin().to(q.dtype), a_q.cos().to(q.dtype)
+        q_s, q_c = q[..., 0::2], q[..., 1::2]
+        if q_c.shape[-1] < half:  # an odd head_dim has no last cos slot
+            q_c = F.pad(q_c, (0, 1))
+        a = torch.cat([q_s * sin_i + q_c * cos_i, q_c * sin_i - q_s * cos_i], -1)
+        b = torch.cat([a_k.cos(), a_k.sin()], -1).to(k.dtype)
+        return a, b[None, None].expand(1, self.n_heads, -1, -1)
