@@ -208,3 +208,15 @@ def test_flop_share_efficiency_and_targets_are_the_counted_ones(tiny):
             row = next(r for r in rows if r["scheme"] == t["scheme"] and r["T"] == t["T"])
             assert t["value"] == row["flop_efficiency"] and t["met"] == (t["value"] <= 1.15)
     assert "| FLOP share | step ÷ share |" in tiny["_md"]
+
+
+def test_compiled_models_are_timed(tmp_path):
+    """``--compile``: each model compiled in place after its FLOPs are counted and timed
+    compiled (here with no warm-up, so the round pays the compilation); the settings say so."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    res = run_tiny(tmp_path, "--no-memory", "--schemes", "none", "alibi", "--lengths", "32", "--compile")
+    assert res["meta"]["settings"]["compile"] is True
+    assert counters["stats"]["unique_graphs"] > 0
+    assert {r["scheme"] for r in res["summary"] if r["impl"] == "posenc" and r["train_s_min"] > 0} == {"none", "alibi"}

@@ -141,10 +141,10 @@ def test_the_estimate_counts_every_run_of_the_paper_profile():
     assert {j["task"] for j in jobs if j["scheme"] == "xpos"} == {"lm", "retrieval"}
 
 
-def test_the_flex_schemes_are_timed_again_on_the_float_mask_route(tmp_path, monkeypatch):
+def test_the_routes_and_the_compiled_step_are_timed_side_by_side(tmp_path, monkeypatch):
     """The schemes whose training took the flex route are benchmarked a second time with
-    ``POSENC_FLEX_DEVICES=`` (with ``none``, in the same check), and the report sets each
-    scheme's two ratios side by side."""
+    ``POSENC_FLEX_DEVICES=`` (with ``none``, in the same check), and NoPE at the paper profile's
+    settings a second time compiled; the report sets each pair side by side."""
     monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(gpu_check, "check_scheme", lambda s, a, work: {
         "scheme": s, "route": "flex" if s == "alibi" else "fused", "train_s": 1.0, "first_loss": 5.5,
@@ -154,17 +154,22 @@ def test_the_flex_schemes_are_timed_again_on_the_float_mask_route(tmp_path, monk
 
     def bench(a, work, timeout, name="bench", model=None, lengths=None, extra=(), env=None):
         calls.append((name, extra, env))
-        ratio = {"bench": 1.05, "bench-masked": 1.8}[name]
-        rows = [{"scheme": s, "T": 64, "batch": 1, "train_tok_s": 1e3, "step_ratio": 1.0 if s == "none" else ratio,
-                 "mem_ratio": 1.0, "flop_share": 1.0} for s in ("none", "alibi")]
+        ratio = {"bench": 1.05, "bench-masked": 1.8, "paper": 1.1, "paper-compiled": 1.0}[name]
+        step = 0.05 if name == "paper-compiled" else 0.1
+        rows = [{"scheme": s, "T": T, "batch": 1, "train_tok_s": 1e3, "step_ratio": 1.0 if s == "none" else ratio,
+                 "mem_ratio": 1.0, "flop_share": 1.0, "train_s_min": step, "train_peak_fraction": 0.1 / step / 40}
+                for T in lengths or [64] for s in ("none", "alibi")]
         return {"seconds": 1.0, "rows": rows, "command": "-m posenc.bench", "peak_flops_per_s": 1e12, "model": "micro"}
 
     monkeypatch.setattr(gpu_check, "run_bench", bench)
     out = tmp_path / "gpu.md"
     rc = gpu_check.main(["--device", "cpu", "--schemes", "none", "alibi", "--bench-lengths", "64",
-                         "--long-tokens", "0", "--no-paper-bench", "--out", str(out)])
+                         "--long-tokens", "0", "--out", str(out)])
     assert rc == 0
+    assert [c[0] for c in calls] == ["bench", "bench-masked", "paper", "paper-compiled"]
     assert calls[1] == ("bench-masked", ("--schemes", "none", "alibi"), {"POSENC_FLEX_DEVICES": ""})
+    assert calls[3][1][-3:] == ("--schemes", "none", "--compile")
     text = out.read_text()
     assert "## The flex route against the float-mask route" in text
     assert "| alibi | 64 | 1.05 | 1.80 | 1.00 | 1.00 |" in text
+    assert "| 512 | 100.0 | 50.0 | 0.50 | 2.5% | 5.0% |" in text  # NoPE compiled against eager at L = 512

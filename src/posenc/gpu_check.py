@@ -32,7 +32,8 @@ another fails (a failure is written into the report with its error, and the exit
 5. **The paper profile's model.** ``posenc.bench`` with the model, vocabulary, lengths and tokens
    per step of ``profiles/paper/params.yaml`` (``model=base``, V = 16384, L = 512, masked LM at
    128), and from its step times what that study's training would take on this GPU, and on N
-   of them with one job per GPU (``paper_estimate``).
+   of them with one job per GPU (``paper_estimate``). Then NoPE again, compiled (``--compile``,
+   as ``compile=true`` trains): its step and its share of the matmul peak against eager's.
 
 6. **Long evaluation.** Every scheme's forward without gradients (bf16 autocast on CUDA) at
    ``--long-tokens`` tokens (16,384: the paper profile's longest evaluation, 32L at L = 512),
@@ -511,6 +512,28 @@ def paper_markdown(res: dict) -> list[str]:
     ]  # fmt: skip
     if e["missing"]:
         lines.append(f"Not timed: {', '.join(e['missing'])}.")
+    return lines + compiled_markdown(res)
+
+
+def compiled_markdown(res: dict) -> list[str]:
+    """NoPE at the paper profile's settings compiled against eager (part 5)."""
+    c, p = res.get("compiled"), res.get("paper")
+    if not c or not p or "error" in p:
+        return []
+    if "error" in c:
+        return ["", f"Compiled: failed: {c['error']}"]
+    eager = {r["T"]: r for r in p["rows"] if r["scheme"] == "none"}
+    lines = ["", f"NoPE compiled (`python {c['command']}`, {c['seconds']:.0f} s with the compilation) against eager, "
+             "each against the matmul peak measured in its own run:", "",
+             "| T | eager ms | compiled ms | compiled / eager | eager of peak | compiled of peak |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in c["rows"]:
+        e = eager.get(r["T"])
+        if e is None:
+            continue
+        lines.append(f"| {r['T']} | {1000 * e['train_s_min']:.1f} | {1000 * r['train_s_min']:.1f} "
+                     f"| {r['train_s_min'] / e['train_s_min']:.2f} | {_fmt(e.get('train_peak_fraction'), '.1%')} "
+                     f"| {_fmt(r.get('train_peak_fraction'), '.1%')} |")
     return lines
 
 
@@ -627,9 +650,14 @@ def main(argv: list[str] | None = None) -> int:
             paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
                               extra if a.device == "cuda" else ("--no-memory",))
             res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
+            save()
+            res["compiled"] = run_bench(a, work, left(), "paper-compiled", params["model"] if a.device == "cuda" else None,
+                                        lengths, (*(extra if a.device == "cuda" else ("--no-memory",)), "--schemes",
+                                                  "none", "--compile"))
         except Exception as e:  # noqa: BLE001
-            res["paper"] = {"error": failure(e, 1500)}
-            res["failures"].append(f"paper profile's model: {res['paper']['error']}")
+            part = "compiled" if "paper" in res else "paper"
+            res[part] = {"error": failure(e, 1500)}
+            res["failures"].append(f"paper profile's model{', compiled' if part == 'compiled' else ''}: {res[part]['error']}")
     save()
     print(f"wrote {out} and {out.with_suffix('.json')} in {res['seconds']:.0f} s; "
           f"{len(res['failures'])} failure(s)" + "".join(f"\n  {f}" for f in res["failures"]))

@@ -69,11 +69,11 @@ IDENTITY_KEYS = ("encoding", "model", "task", "data.corpus.name", "data.vocab_si
                  "trainer.accumulate_grad_batches", "trainer.gradient_clip_val")
 #: what a resume may change, the rest being the run's identity or how it is logged and stored:
 #: the step budget (to extend a run), the criterion, the intervals of validation and logging,
-#: the share of the validation and test splits scored, the device, the console's output
+#: the share of the validation and test splits scored, the device, the console's output, compilation
 RESUMABLE = ("trainer.max_steps", "criterion", "trainer.val_check_interval", "trainer.log_every_n_steps",
              "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.accelerator", "trainer.devices",
              "trainer.strategy", "trainer.num_nodes", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-             "data.eval_batch_size", "data.num_workers", "test_at_end", "log_checkpoint", "ckpt_path")
+             "data.eval_batch_size", "data.num_workers", "test_at_end", "log_checkpoint", "ckpt_path", "compile")
 
 
 def identity_differences(have: dict, want: dict) -> list[str]:
@@ -343,6 +343,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     module = LMModule(build_model(cfg, vocab_size), task, resolved["optim"], cfg.data.seq_len)
     if cfg.get("init_from"):
         initial_weights(module, cfg.init_from)
+    if cfg.get("compile"):
+        module.model.compile()
 
     if ckpt:
         out_dir = RunFolder.of(ckpt).path

@@ -90,6 +90,7 @@ def settings_from_args(a: argparse.Namespace) -> BenchSettings:
         threads=a.threads,
         max_memory_gb=a.max_memory_gb if a.max_memory_gb is not None else default_memory_budget_gb(),
         progress=not a.no_progress,
+        compile=a.compile,
     )
 
 
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: torch's); 1 is steadier on a machine shared with others",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compile", action="store_true",
+                   help="time each model compiled (torch.compile, in place, as the setting compile=true trains it); "
+                   "the warm-up pays the compilation")
     p.add_argument(
         "--max-memory-gb",
         type=float,

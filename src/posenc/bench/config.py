@@ -81,6 +81,7 @@ class BenchSettings:
     threads: int | None = None
     max_memory_gb: float | None = None
     progress: bool = True
+    compile: bool = False
 
     def batch(self, T: int) -> int:
         return max(1, self.tokens_per_batch // T)

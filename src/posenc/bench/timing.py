@@ -92,6 +92,10 @@ class _Bench:
                 fm = flop_model(r, s.vocab_size, s.seed, tuple(T for T in s.lengths if T <= FLOP_DIRECT_MAX))
             except Exception as e:  # noqa: BLE001 - FLOPs are best effort
                 self.note(f"cannot count FLOPs of {impl} {sch}: {type(e).__name__}: {e}")
+                fm = None
+            if s.compile:  # after the FLOPs are counted (on the eager model); the warm-up compiles
+                r.model.compile()
+            if fm is None:
                 continue
             for T in s.lengths:
                 row = {"impl": impl, "scheme": sch, "T": T, "batch": s.batch(T)}
