@@ -36,3 +36,17 @@ def test_a_compiled_model_trains_as_the_eager_one(scheme, make_cfg, tmp_path):
     assert len(losses[True]) == 4
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
     assert keys[True] == keys[False]
+
+
+@pytest.mark.slow
+def test_the_compiled_rotation_is_the_eager_one():
+    """The kernel CUDA rotates q and k with (``rotary._rotate`` compiled) against the eager
+    function, here compiled for the CPU: rotated pairs and the features that pass through."""
+    from posenc.encodings import rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 17, 10)
+    angles = torch.randn(17, 4)  # 8 of 10 features rotate
+    cos, sin = angles.cos(), angles.sin()
+    torch.testing.assert_close(rotary._rotate_compiled()(x, cos, sin), rotary._rotate(x, cos, sin))
+    assert torch.equal(rotary.rotate_pairs(x, angles), rotary._rotate(x, cos, sin))  # eager off CUDA

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -14,13 +15,25 @@ def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
     """Rotate consecutive pairs (x[2i], x[2i+1]) of the last dim by angles (..., Dr/2).
 
     Only the first 2 * angles.shape[-1] features are rotated; the rest pass through.
+    On CUDA the elementwise work (about a dozen kernels eagerly) runs as one compiled
+    kernel (``_rotate_compiled``); elsewhere eagerly. The same function either way,
+    checked against each other in tests/test_compile.py.
     """
-    dr = angles.shape[-1] * 2
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return (_rotate_compiled() if x.is_cuda else _rotate)(x, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    dr = cos.shape[-1] * 2
     xr, rest = x[..., :dr], x[..., dr:]
     x1, x2 = xr[..., 0::2], xr[..., 1::2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return torch.cat((rotated, rest), dim=-1)
+
+
+@functools.cache
+def _rotate_compiled():
+    return torch.compile(_rotate)
 
 
 class RoPE(PositionalScheme):
@@ -155,7 +168,9 @@ class RoPE(PositionalScheme):
 
     def rotate(self, q, k, q_pos, k_pos):
         inv_freq, factor = self.scaled(q_pos, k_pos)
-        q, k = rotate_pairs(q, self.angles(q_pos, inv_freq)), rotate_pairs(k, self.angles(k_pos, inv_freq))
+        q_angles = self.angles(q_pos, inv_freq)  # self-attention: the keys' angles are the queries'
+        k_angles = q_angles if k_pos is q_pos else self.angles(k_pos, inv_freq)
+        q, k = rotate_pairs(q, q_angles), rotate_pairs(k, k_angles)
         if factor is None:
             return q, k
         return q * factor.to(q.dtype), k * factor.to(k.dtype)
