@@ -95,14 +95,11 @@ def reach_rows(model, tokens: np.ndarray, lengths: Sequence[int], windows: int =
 def checkpoint_reach(ckpt, multipliers: Sequence[int], extension: str | None = None, windows: int = 4) -> list[dict]:
     """``reach_rows`` of a causal-LM checkpoint on its validation split at multiples of
     its training length L, with a context-extension rule switched on past L."""
-    from posenc.runs import load_state, module_from_state, run_data, stored_run
+    from posenc.runs import open_run, run_data
 
-    state = load_state(ckpt)
-    recorded = stored_run(state, ckpt)
-    cfg = recorded["cfg"]
+    cfg, vocab_size, module = open_run(ckpt, "cpu", extension)
     L = int(cfg["data"]["seq_len"])
-    module = module_from_state(state, ckpt, "cpu", {"scaling": extension, "original_len": L} if extension else None)
-    tokens = run_data(cfg, vocab_size=int(recorded["vocab_size"])).tokens("validation")
+    tokens = run_data(cfg, vocab_size=vocab_size).tokens("validation")
     base = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "seed": cfg["seed"],
             "train_len": L}
     return [{**base, "multiple": r["length"] // L, **r}

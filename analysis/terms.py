@@ -287,13 +287,13 @@ def checkpoint_term_maps(
     (``posenc.runs.run_data``) at ``length`` (default: the training length)."""
     from omegaconf import OmegaConf
 
-    from posenc.runs import load_state, module_from_state, run_data, stored_run
+    from posenc.runs import open_run, run_data
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
-    state = load_state(path)
-    model = module_from_state(state, path).model
-    cfg = OmegaConf.create(stored_run(state, path)["cfg"])
+    recorded, _, module = open_run(path)
+    model = module.model
+    cfg = OmegaConf.create(recorded)
     length = int(length or cfg.data.seq_len)
     model.check_length(length)
     settings = {"seq_len": length, **({"eval_batch_size": int(batch_size)} if batch_size else {})}

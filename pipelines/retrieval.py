@@ -33,15 +33,12 @@ def _loaded(run_dir: str, extension: str | None, base_len: int | None, device: s
     ``base_len``: the L of the grid's multiples and of the rule's original length
     (a run fine-tuned at 4L is scored on the lengths of the run it came from)."""
     from posenc import retrieval as rt
-    from posenc.runs import load_state, module_from_state, resolve_checkpoint, run_data, stored_run
+    from posenc.runs import open_run, resolve_checkpoint, run_data
 
     res = resolve_checkpoint(run_dir, "last")
-    state = load_state(res.path)
-    recorded = stored_run(state, res.path)
-    cfg = recorded["cfg"]
+    cfg, vocab_size, module = open_run(res.path, device, extension, base_len)
     L = base_len or int(cfg["data"]["seq_len"])
-    module = module_from_state(state, res.path, device, {"scaling": extension, "original_len": L} if extension else None)
-    dm = run_data(cfg, vocab_size=int(recorded["vocab_size"]))
+    dm = run_data(cfg, vocab_size=vocab_size)
     task = rt.Task(dm.prepared, int(cfg["task"]["digits"]), 1)
     labels = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "extension": extension or "",
               "seed": cfg["seed"], "train_len": L, "run_id": res.run_id}

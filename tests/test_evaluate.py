@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from posenc import evaluate as ev
+from posenc import runs
 from posenc.files import portable_path
 from posenc.runs import Resolved
 
@@ -618,9 +619,10 @@ def recorded(monkeypatch, tmp_path):
     def log_to_mlflow(rows, run_id, uri, files, tags, extension):
         record("log", rows, run_id, uri, files, tags, extension)
 
-    for f in (resolve_checkpoint, load_state, stored_run, module_from_state, run_data, evaluate_model,
-              log_to_mlflow):  # fmt: skip
+    for f in (resolve_checkpoint, run_data, evaluate_model, log_to_mlflow):
         monkeypatch.setattr(ev, f.__name__, f)
+    for f in (load_state, stored_run, module_from_state):  # what ``runs.open_run`` calls
+        monkeypatch.setattr(runs, f.__name__, f)
     monkeypatch.setattr(ev, "default_tracking_uri", lambda: "uri-default")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.chdir(tmp_path)

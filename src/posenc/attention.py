@@ -286,11 +286,14 @@ class _RecomputedBiasAttention(torch.autograd.Function):
 #: inside the kernel
 FUSED, MASKED, RECOMPUTED, PROBABILITIES, FLEX = "fused", "masked", "recomputed", "probabilities", "flex"
 
-#: the devices on which a position-only bias takes the ``flex`` route. FlexAttention
-#: has no backward on CPU, so CPU keeps its float-mask routes; the tests add "cpu" with
-#: a dense evaluation of the same score function in place of the kernel. The variable
+#: the devices on which a position-only bias takes the ``flex`` route: CUDA, with a torch
+#: whose FlexAttention gives a tensor read in ``score_mod`` its gradient (2.6 on). It has no
+#: backward on CPU, so CPU keeps its float-mask routes; the tests add "cpu" with a dense
+#: evaluation of the same score function in place of the kernel. The variable
 #: POSENC_FLEX_DEVICES (comma-separated device types; empty: none) overrides it
-FLEX_DEVICES = tuple(d for d in os.environ.get("POSENC_FLEX_DEVICES", "cuda").split(",") if d)
+FLEX_SINCE = "2.6"
+FLEX_DEVICES = tuple(d for d in os.environ.get("POSENC_FLEX_DEVICES", "cuda" if torch.__version__ >= FLEX_SINCE else "")
+                     .split(",") if d)
 
 
 @dataclass(frozen=True)
@@ -381,9 +384,8 @@ def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, caus
         return flex_kernel(q.device)(q, k, v, score_mod=relative_score_mod(parts.table, T), block_mask=mask,
                                      scale=scale)
     except Exception as e:
-        e.add_note("posenc: the flex route failed; POSENC_FLEX_DEVICES= (empty) sends position-only biases "
-                   "to the float-mask routes")
-        raise
+        raise RuntimeError(f"the flex route (FlexAttention on {q.device.type}) failed: {type(e).__name__}: {e}; "
+                           "POSENC_FLEX_DEVICES= (empty) sends these schemes to the float-mask routes") from e
 
 
 def with_causal(bias: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool) -> Tensor:

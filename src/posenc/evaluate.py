@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .files import portable_path, write_json, write_text
-from .runs import load_state, module_from_state, resolve_checkpoint, run_data, stored_run
+from .runs import open_run, resolve_checkpoint, run_data
 from .tracking import default_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -328,13 +328,9 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     s = settings or Settings()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if s.device == "auto" else s.device
     res = resolve_checkpoint(ref, s.which, s.runs_dir, s.tracking_uri)
-    state = load_state(res.path)
-    recorded = stored_run(state, res.path)
-    cfg, vocab = recorded["cfg"], int(recorded["vocab_size"])
-    train_len = int(cfg["data"]["seq_len"])
     # with an extension: the same weights, the scheme scaled past the training length
-    extension = {"scaling": s.extension, "original_len": train_len} if s.extension else None
-    module = module_from_state(state, res.path, device, extension)
+    cfg, vocab, module = open_run(res.path, device, s.extension)
+    train_len = int(cfg["data"]["seq_len"])
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
     tokens = run_data(cfg, s.data_dir, s.cache_dir, vocab).tokens(s.split)
     rows = evaluate_model(

@@ -156,6 +156,20 @@ def stored_run(state: dict, path: str | os.PathLike) -> dict:
     return hp
 
 
+def open_run(path: str | os.PathLike, device: str | torch.device = "cpu", extension: str | None = None,
+             original_len: int | None = None) -> tuple[dict, int, Any]:
+    """(resolved config, vocabulary size, LMModule in eval mode) of the checkpoint at ``path``:
+    ``load_state``, ``stored_run`` and ``module_from_state`` in one. ``extension``: a context-
+    extension rule (``encoding.scheme.scaling``) switched on past ``original_len`` (default:
+    the run's training length)."""
+    state = load_state(path)
+    recorded = stored_run(state, path)
+    cfg = recorded["cfg"]
+    L = original_len or int(cfg["data"]["seq_len"])
+    module = module_from_state(state, path, device, {"scaling": extension, "original_len": L} if extension else None)
+    return cfg, int(recorded["vocab_size"]), module
+
+
 def run_info(ckpt: Path) -> dict:
     """The ``run.json`` of the run folder that holds ``ckpt`` (``<run>/checkpoints/x.ckpt``), or {}."""
     return RunFolder.of(ckpt).info()
