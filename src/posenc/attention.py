@@ -383,6 +383,8 @@ def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, caus
     try:
         return flex_kernel(q.device)(q, k, v, score_mod=relative_score_mod(parts.table, T), block_mask=mask,
                                      scale=scale)
+    except torch.OutOfMemoryError:
+        raise
     except Exception as e:
         raise RuntimeError(f"the flex route (FlexAttention on {q.device.type}) failed: {type(e).__name__}: {e}; "
                            "POSENC_FLEX_DEVICES= (empty) sends these schemes to the float-mask routes") from e
