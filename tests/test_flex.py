@@ -62,9 +62,8 @@ FLEX_CASES = flex_cases()
 
 
 def takes_flex(name: str, extra: dict) -> bool:
-    """Whether a scheme's bias has the form the route reads: FIRE's absolute part has no
-    low-rank form, nor TUPE's with [CLS] untied."""
-    return name != "fire" and not extra.get("untie_cls")
+    """Whether a scheme's bias has a form the route reads: TUPE's with [CLS] untied has none."""
+    return not extra.get("untie_cls")
 
 
 @pytest.fixture
@@ -76,23 +75,28 @@ def flex_on_cpu(monkeypatch):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("T", [7, 200])
 def test_the_flex_kernel_equals_the_dense_evaluation_of_its_score_function(causal, T):
-    """The real FlexAttention (forward, CPU) with a relative table and low-rank factors, at a
-    length below and one not a multiple of its 128-token blocks, against ``dense_flex``."""
+    """The real FlexAttention (forward, CPU) with a relative table, low-rank factors and a score
+    function, at a length below and one not a multiple of its 128-token blocks, against
+    ``dense_flex``, and the table and the score against the logits written out."""
     torch.manual_seed(0)
     B, Dh, r = 2, 16, 8
     q, k, v = (torch.randn(B, H, T, Dh) for _ in range(3))
     parts = FlexParts(torch.randn(H, 2 * T - 1), (torch.randn(H, T, r), torch.randn(H, T, r)))
-    for p in (parts, FlexParts(parts.table, None), FlexParts(None, parts.factors)):
+    w, col = torch.randn(H), torch.randn(T)
+    score = FlexParts(parts.table, None, lambda h, i, j: w[h] * torch.relu(col[j] - 0.1 * i))
+    for p in (parts, FlexParts(parts.table, None), FlexParts(None, parts.factors), score):
         got = flex_route_attention(q, k, v, p, causal, 0.3)
         a, b = p.factors if p.factors is not None else (torch.zeros(H, T, 0),) * 2
         qq, kk = torch.cat([q, a.expand(B, -1, -1, -1)], -1), torch.cat([k, b.expand(B, -1, -1, -1)], -1)
-        want = dense_flex(qq, kk, v, attention_module.relative_score_mod(p.table, T),
+        want = dense_flex(qq, kk, v, attention_module.bias_score_mod(p, T),
                           causal_block_mask(T, q.device) if causal else None, 0.3)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         # and the relative table is the Toeplitz layout of the scheme interface
         if p.table is not None and p.factors is None:
             i = torch.arange(T)
             logits = (q @ k.transpose(-1, -2)) * 0.3 + p.table[:, i[None, :] - i[:, None] + T - 1]
+            if p.score is not None:
+                logits = logits + w[:, None, None] * torch.relu(col[None, None, :] - 0.1 * i[None, :, None])
             if causal:
                 logits = logits.masked_fill(i[None, :] > i[:, None], float("-inf"))
             torch.testing.assert_close(got, logits.softmax(-1) @ v, atol=1e-5, rtol=1e-5)
@@ -189,3 +193,39 @@ def test_content_factors_give_the_content_bias(causal, head_dim):
         if causal:  # content_bias leaves the pairs the causal mask removes at 0
             got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
         torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
+
+
+def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel):
+    """The model's logits on the flex route with ``kernel`` as FlexAttention (no gradients:
+    FlexAttention has no CPU backward) against the dense reference."""
+    monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(attention_module, "flex_kernel", lambda device: kernel)
+    torch.manual_seed(2)
+    T = 40
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
+    model = Transformer(cfg, factory(name, **extra)).eval()
+    with torch.no_grad():
+        for p in model.positional_parameters():
+            if p.dim() > 0:
+                p.add_(torch.randn_like(p) * 0.3)
+        idx, pos = torch.randint(0, V, (2, T)), torch.arange(T)
+        torch.testing.assert_close(model(idx, pos), dense_model(model, idx, pos), atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("name,causal,extra", [c for c in FLEX_CASES if takes_flex(c.values[0], c.values[2])])
+def test_every_score_function_runs_in_the_real_kernel(name, causal, extra, monkeypatch):
+    """Each scheme's own parts (its table, factors and score function, FIRE's unrolled MLP
+    included) through the real FlexAttention (eager, CPU forward), against the dense reference."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    _model_on_the_real_kernel(name, causal, extra, monkeypatch, flex_attention)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fire", "t5_bias", "tupe", "fixed_bidirectional"])
+def test_the_compiled_kernel_takes_every_kind_of_part(name, monkeypatch):
+    """The compiled FlexAttention, as CUDA runs it, here compiled for the CPU (forward): a
+    relative table (T5), factors (TUPE's absolute part, the fixed bidirectional term) and a
+    score function (FIRE) trace and compile, and give the dense reference's logits."""
+    _model_on_the_real_kernel(name, True, {"init_threshold": 4.0} if name == "fire" else {}, monkeypatch,
+                              attention_module._compiled_flex_attention())

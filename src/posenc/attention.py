@@ -300,38 +300,46 @@ FLEX_DEVICES = tuple(d for d in os.environ.get("POSENC_FLEX_DEVICES", "cuda" if 
 class FlexParts:
     """A position-only bias in the form the ``flex`` route reads: ``table`` (H, 2T - 1),
     the relative part on the distances 1 - T .. T - 1, read inside the kernel at
-    [h, j - i + T - 1] (``relative_score_mod``), and ``factors`` (a, b), (H, T, r) each,
-    the absolute part as ``logit_scale * a @ b^T``, appended to the queries and keys.
-    Either may be None. Both carry their graph: the kernel's backward gives the table its
-    gradient, and q and k theirs, and autograd takes both on to the scheme's parameters."""
+    [h, j - i + T - 1]; the absolute part either as ``factors`` (a, b), (H, T, r) each,
+    ``logit_scale * a @ b^T``, appended to the queries and keys, or as ``score``, a function
+    of (h, i, j) evaluated inside the kernel (``bias_score_mod``). Any may be None. All
+    carry their graph: the kernel's backward gives the tensors the table and the score read
+    their gradients, and q and k theirs, and autograd takes them on to the scheme's parameters."""
 
     table: Tensor | None
     factors: tuple[Tensor, Tensor] | None
+    score: Callable | None = None
 
 
 def flex_parts(scheme: PositionalScheme, pos: Tensor) -> FlexParts | None:
     """The parts of ``scheme``'s position-only bias at contiguous positions ``pos`` for
-    the ``flex`` route, or None where the scheme has an absolute part without an exactly
-    low-rank form (FIRE; TUPE with [CLS] untied): it then takes the masked route. A scheme
-    gets the route by what it defines (``relative_bias``, ``absolute_factors``), with no
+    the ``flex`` route, or None where the scheme has an absolute part in neither form
+    (TUPE with [CLS] untied): it then takes the masked route. A scheme gets the route by
+    what it defines (``relative_bias``, ``absolute_factors``, ``absolute_score``), with no
     branch here."""
-    factors = None
+    factors = score = None
     if scheme.defines("absolute_bias"):
         factors = scheme.absolute_factors(pos, pos)
-        if factors is None:
+        score = scheme.absolute_score(pos, pos) if factors is None else None
+        if factors is None and score is None:
             return None
-    return FlexParts(scheme.relative_bias(distance_range(pos, pos)), factors)
+    return FlexParts(scheme.relative_bias(distance_range(pos, pos)), factors, score)
 
 
-def relative_score_mod(table: Tensor | None, T: int) -> Callable | None:
-    """FlexAttention's ``score_mod`` adding ``table[h, j - i + T - 1]`` to the scaled
-    logit of query i and key j: the relative part laid out as ``toeplitz`` lays it out."""
-    if table is None:
+def bias_score_mod(parts: FlexParts, T: int) -> Callable | None:
+    """FlexAttention's ``score_mod``: the scaled logit of query i and key j plus
+    ``table[h, j - i + T - 1]`` (the relative part laid out as ``toeplitz`` lays it out) and
+    ``score(h, i, j)``, whichever the parts have; None without either."""
+    table, score, offset = parts.table, parts.score, T - 1
+    if table is None and score is None:
         return None
-    offset = T - 1
 
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[h, kv_idx - q_idx + offset]
+    def score_mod(s, b, h, q_idx, kv_idx):
+        if table is not None:
+            s = s + table[h, kv_idx - q_idx + offset]
+        if score is not None:
+            s = s + score(h, q_idx, kv_idx)
+        return s
 
     return score_mod
 
@@ -372,7 +380,7 @@ def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, caus
     """Attention with a bias through FlexAttention: the absolute factors, and a layer's
     ``content`` factors (the fixed bidirectional encoding's), appended to q and k (one fused
     product gives the content logits and these parts, all at ``scale``), the relative
-    table read in ``score_mod``, and causality as a ``BlockMask``. Nothing of size T^2 is
+    table and an absolute score read in ``score_mod``, and causality as a ``BlockMask``. Nothing of size T^2 is
     built. Positions are contiguous (``Attention.route``)."""
     B, T = q.shape[0], q.shape[-2]
     for factors in (parts.factors, content):
@@ -381,8 +389,7 @@ def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, caus
             q, k = torch.cat([q, a], -1), torch.cat([k, b], -1)
     mask = causal_block_mask(T, q.device) if causal else None
     try:
-        return flex_kernel(q.device)(q, k, v, score_mod=relative_score_mod(parts.table, T), block_mask=mask,
-                                     scale=scale)
+        return flex_kernel(q.device)(q, k, v, score_mod=bias_score_mod(parts, T), block_mask=mask, scale=scale)
     except torch.OutOfMemoryError:
         raise
     except Exception as e:

@@ -42,6 +42,7 @@ checks it for every scheme.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -189,6 +190,14 @@ class PositionalScheme(nn.Module):
         default): factors a (H, Tq, r) and b (H, Tk, r) with ``absolute_bias(q_pos, k_pos)
         = logit_scale() * a @ b^T``, so that attention can append them to the queries and
         keys and keep a fused kernel with no (Tq, Tk) mask (``attention.flex_parts``)."""
+        return None
+
+    def absolute_score(self, q_pos: Tensor, k_pos: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+        """The absolute part at consecutive positions as an elementwise function of index
+        tensors, or None where it has none (the default): ``f(h, i, j)``, with i and j
+        indices into q_pos and k_pos, equal to ``absolute_bias(q_pos, k_pos)[0, h, i, j]``,
+        built from tensors computed here once. Attention evaluates it inside the kernel, a
+        pair at a time, where a scheme has no ``absolute_factors`` (FIRE's MLP)."""
         return None
 
     def content_factors(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor] | None:

@@ -250,6 +250,29 @@ class FIRE(PositionalScheme):
         below = self.mlp((numer / (self.psi(self.threshold.abs()) + self.eps))[:, None]).T  # (H, Tq + Tk - 1)
         return order, A, C, row_norm, col_norm, numer, below
 
+    def absolute_score(self, q_pos, k_pos):
+        """f(x) with x = sign(i - j) psi(|i - j|) / max(psi(max(i, L)) + eps, psi(j) + eps), a pair
+        at a time: the numerator read on the distances, the normalisers on the rows and the
+        columns, and the MLP unrolled over its hidden units (W2 relu(w1 x + b1) + b2), so
+        nothing of the pairs' size is built. Checked, values and gradients, against the
+        dense reference in tests/test_flex.py."""
+        dt = self.c.dtype
+        Tq = q_pos.shape[0]
+        numer = self.numerator(-distance_range(q_pos, k_pos).to(dt))  # at [j - i + Tq - 1]: i - j
+        row = self.psi(torch.maximum(q_pos.to(dt), self.threshold.abs())) + self.eps
+        col = self.psi(k_pos.to(dt)) + self.eps
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        w1, b1, w2, b2 = lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias
+
+        def score(h, i, j):
+            x = numer[j - i + Tq - 1] / torch.maximum(row[i], col[j])
+            out = b2[h]
+            for unit in range(w1.shape[0]):
+                out = out + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
+            return out
+
+        return score
+
     def absolute_block(self, parts, q_pos, k_pos, rows, cols):
         """(1, H, rows, cols) from ``absolute_parts``. While no position of the block passes
         the threshold L, every pair's normaliser is psi(L) and the MLP's input depends on
