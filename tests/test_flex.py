@@ -88,7 +88,7 @@ def test_the_flex_kernel_equals_the_dense_evaluation_of_its_score_function(causa
         got = flex_route_attention(q, k, v, p, causal, 0.3)
         a, b = p.factors if p.factors is not None else (torch.zeros(H, T, 0),) * 2
         qq, kk = torch.cat([q, a.expand(B, -1, -1, -1)], -1), torch.cat([k, b.expand(B, -1, -1, -1)], -1)
-        want = dense_flex(qq, kk, v, attention_module.bias_score_mod(p, T),
+        want = dense_flex(qq, kk, v, attention_module.bias_score_mod(p),
                           causal_block_mask(T, q.device) if causal else None, 0.3)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         # and the relative table is the Toeplitz layout of the scheme interface
@@ -195,21 +195,22 @@ def test_content_factors_give_the_content_bias(causal, head_dim):
         torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
 
 
-def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel):
+def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel, shapes=((2, 40),)):
     """The model's logits on the flex route with ``kernel`` as FlexAttention (no gradients:
-    FlexAttention has no CPU backward) against the dense reference."""
+    FlexAttention has no CPU backward) against the dense reference, at each (batch, length)."""
     monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))
     monkeypatch.setattr(attention_module, "flex_kernel", lambda device: kernel)
     torch.manual_seed(2)
-    T = 40
-    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
+    longest = max(T for _, T in shapes)
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=longest + 16, causal=causal)
     model = Transformer(cfg, factory(name, **extra)).eval()
     with torch.no_grad():
         for p in model.positional_parameters():
             if p.dim() > 0:
                 p.add_(torch.randn_like(p) * 0.3)
-        idx, pos = torch.randint(0, V, (2, T)), torch.arange(T)
-        torch.testing.assert_close(model(idx, pos), dense_model(model, idx, pos), atol=5e-5, rtol=5e-5)
+        for B, T in shapes:
+            idx, pos = torch.randint(0, V, (B, T)), torch.arange(T)
+            torch.testing.assert_close(model(idx, pos), dense_model(model, idx, pos), atol=5e-5, rtol=5e-5)
 
 
 @pytest.mark.parametrize("name,causal,extra", [c for c in FLEX_CASES if takes_flex(c.values[0], c.values[2])])
@@ -226,6 +227,19 @@ def test_every_score_function_runs_in_the_real_kernel(name, causal, extra, monke
 def test_the_compiled_kernel_takes_every_kind_of_part(name, monkeypatch):
     """The compiled FlexAttention, as CUDA runs it, here compiled for the CPU (forward): a
     relative table (T5), factors (TUPE's absolute part, the fixed bidirectional term) and a
-    score function (FIRE) trace and compile, and give the dense reference's logits."""
-    _model_on_the_real_kernel(name, True, {"init_threshold": 4.0} if name == "fire" else {}, monkeypatch,
-                              attention_module._compiled_flex_attention())
+    score function (FIRE) trace and compile, and give the dense reference's logits at the
+    lengths and batch sizes an evaluation asks for. Past the first shapes the sizes turn dynamic
+    (torch compiles apart only batch 1 against more, and one 128-token block against more), so
+    further lengths and batches compile nothing: an evaluation at many lengths stays within
+    torch's limit of recompilations, past which it would fall back to the unfused kernel."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    extra = {"init_threshold": 4.0} if name == "fire" else {}
+    kernel = attention_module._compiled_flex_attention()
+    kinds = ((2, 40), (2, 72), (1, 100), (3, 130), (1, 257), (4, 64))  # batch 1 or more x one block or more
+    _model_on_the_real_kernel(name, True, extra, monkeypatch, kernel, kinds)
+    first = counters["stats"]["unique_graphs"]
+    assert 0 < first < torch._dynamo.config.recompile_limit
+    _model_on_the_real_kernel(name, True, extra, monkeypatch, kernel, ((2, 200), (5, 96), (1, 513), (3, 90), (1, 33)))
+    assert counters["stats"]["unique_graphs"] == first

@@ -326,17 +326,18 @@ def flex_parts(scheme: PositionalScheme, pos: Tensor) -> FlexParts | None:
     return FlexParts(scheme.relative_bias(distance_range(pos, pos)), factors, score)
 
 
-def bias_score_mod(parts: FlexParts, T: int) -> Callable | None:
+def bias_score_mod(parts: FlexParts) -> Callable | None:
     """FlexAttention's ``score_mod``: the scaled logit of query i and key j plus
-    ``table[h, j - i + T - 1]`` (the relative part laid out as ``toeplitz`` lays it out) and
+    ``table[h, j - i + T - 1]`` (the relative part laid out as ``toeplitz`` lays it out, T the
+    length) and
     ``score(h, i, j)``, whichever the parts have; None without either."""
-    table, score, offset = parts.table, parts.score, T - 1
+    table, score = parts.table, parts.score
     if table is None and score is None:
         return None
 
     def score_mod(s, b, h, q_idx, kv_idx):
-        if table is not None:
-            s = s + table[h, kv_idx - q_idx + offset]
+        if table is not None:  # the offset T - 1 read from the table's shape: no constant to recompile for
+            s = s + table[h, kv_idx - q_idx + (table.shape[-1] - 1) // 2]
         if score is not None:
             s = s + score(h, q_idx, kv_idx)
         return s
@@ -360,9 +361,12 @@ def causal_block_mask(T: int, device: torch.device):
 
 @functools.cache
 def _compiled_flex_attention():
+    """FlexAttention compiled once per process; a second length or batch makes the changed sizes
+    dynamic (torch.compile's automatic dynamic shapes), so evaluating at many lengths does not
+    run into the recompilation limit, past which torch would fall back to the unfused kernel."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)
 
 
 def flex_kernel(device: torch.device) -> Callable:
@@ -389,7 +393,7 @@ def flex_route_attention(q: Tensor, k: Tensor, v: Tensor, parts: FlexParts, caus
             q, k = torch.cat([q, a], -1), torch.cat([k, b], -1)
     mask = causal_block_mask(T, q.device) if causal else None
     try:
-        return flex_kernel(q.device)(q, k, v, score_mod=bias_score_mod(parts, T), block_mask=mask, scale=scale)
+        return flex_kernel(q.device)(q, k, v, score_mod=bias_score_mod(parts), block_mask=mask, scale=scale)
     except torch.OutOfMemoryError:
         raise
     except Exception as e:

@@ -257,15 +257,14 @@ class FIRE(PositionalScheme):
         nothing of the pairs' size is built. Checked, values and gradients, against the
         dense reference in tests/test_flex.py."""
         dt = self.c.dtype
-        Tq = q_pos.shape[0]
         numer = self.numerator(-distance_range(q_pos, k_pos).to(dt))  # at [j - i + Tq - 1]: i - j
         row = self.psi(torch.maximum(q_pos.to(dt), self.threshold.abs())) + self.eps
         col = self.psi(k_pos.to(dt)) + self.eps
         lin1, lin2 = self.mlp[0], self.mlp[2]
         w1, b1, w2, b2 = lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias
 
-        def score(h, i, j):
-            x = numer[j - i + Tq - 1] / torch.maximum(row[i], col[j])
+        def score(h, i, j):  # Tq - 1 read from the shapes (no constant for torch.compile to specialise on)
+            x = numer[j - i + row.shape[0] - 1] / torch.maximum(row[i], col[j])
             out = b2[h]
             for unit in range(w1.shape[0]):
                 out = out + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
