@@ -69,6 +69,33 @@ def grads(out: torch.Tensor, upstream: torch.Tensor, tensors: list[torch.Tensor]
     return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, got)]
 
 
+def assert_same_gradients(y: torch.Tensor, ref: torch.Tensor, named: dict[str, torch.Tensor], atol: float,
+                          rtol: float) -> None:
+    """The gradient of each tensor of ``named`` through ``y`` equals the one through ``ref``,
+    for one random upstream gradient (a tensor ``y`` does not reach counts as zero)."""
+    upstream, tensors = torch.randn_like(y), list(named.values())
+    for n, a, b in zip(named, grads(y, upstream, tensors), grads(ref, upstream, tensors)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m, n=n: f"gradient of {n}: {m}")
+
+
+def trained_layer_gradients(attn: Attention, h: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors a layer's gradient check covers: its input and every trainable parameter."""
+    return {"input": h, **{n: p for n, p in attn.named_parameters() if p.requires_grad}}
+
+
+def perturbed_model(name: str, causal: bool, extra: dict, max_len: int) -> Transformer:
+    """The two-layer test model of a scheme, in evaluation mode, its positional tensors moved
+    away from their (often zero) initial values so that every term counts (scalar settings,
+    FIRE's c and L, left alone)."""
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=max_len, causal=causal)
+    model = Transformer(cfg, factory(name, **extra)).eval()
+    with torch.no_grad():
+        for p in model.positional_parameters():
+            if p.dim() > 0:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
 EXPECTED_ROUTE = {  # what a training call with contiguous positions takes, by what the scheme is
     "fused": FUSED, "masked": MASKED, "recomputed": RECOMPUTED, "probabilities": PROBABILITIES,
 }
@@ -98,11 +125,7 @@ def test_attention_layer_equals_dense_reference(name, causal, extra, T, position
         assert attn.route(h, pos) == expected_route(sch)
     y, ref = attn(h, pos), dense_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
-    params = [h] + [p for p in attn.parameters() if p.requires_grad]
-    names = ["input"] + [n for n, p in attn.named_parameters() if p.requires_grad]
-    upstream = torch.randn_like(y)
-    for n, a, b in zip(names, grads(y, upstream, params), grads(ref, upstream, params)):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
 
 
 @pytest.mark.parametrize("T", [12, 256])
@@ -115,23 +138,14 @@ def test_model_equals_dense_reference(name, causal, extra, T, monkeypatch):
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 2 * H * T * 32)
     monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
     torch.manual_seed(1)
-    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
-    model = Transformer(cfg, factory(name, **extra)).eval()
-    with torch.no_grad():
-        for p in model.positional_parameters():
-            if p.dim() > 0:
-                p.add_(torch.randn_like(p) * 0.3)
+    model = perturbed_model(name, causal, extra, max_len=T + 16)
     idx = torch.randint(0, V, (2, T))
     pos = torch.arange(T)
     y, ref = model(idx, pos), dense_model(model, idx, pos)
     torch.testing.assert_close(y, ref, atol=5e-5, rtol=5e-5)
     with torch.no_grad():
         torch.testing.assert_close(model(idx, pos), ref, atol=5e-5, rtol=5e-5)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    upstream = torch.randn_like(y)
-    for (n, _), a, b in zip(named, grads(y, upstream, [p for _, p in named]),
-                            grads(ref, upstream, [p for _, p in named])):
-        torch.testing.assert_close(a, b, atol=5e-5, rtol=5e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+    assert_same_gradients(y, ref, {n: p for n, p in model.named_parameters() if p.requires_grad}, atol=5e-5, rtol=5e-4)
 
 
 @pytest.mark.parametrize("name,causal,extra", [c for c in CASES if not c.values[2]])
@@ -207,10 +221,8 @@ def trains_as_the_distance_formula(sch, causal: bool, per_head, params: list) ->
     masked = formula.masked_fill(pos[None, :] > pos[:, None], float("-inf")) if causal else formula
     ref = (masked.softmax(-1) @ v).transpose(1, 2).reshape(3, 24, D) @ attn.out.weight.T + attn.out.bias
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
-    params = [h, attn.qkv.weight, *params]
-    upstream = torch.randn_like(y)
-    for a, b in zip(grads(y, upstream, params), grads(ref, upstream, params)):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
+    named = {"input": h, "qkv.weight": attn.qkv.weight, **{f"parameter {i}": p for i, p in enumerate(params)}}
+    assert_same_gradients(y, ref, named, atol=2e-5, rtol=2e-4)
     return attn, h, pos, formula
 
 

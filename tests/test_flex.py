@@ -24,11 +24,11 @@ import torch
 
 import posenc.attention as attention_module
 from posenc.attention import FLEX, Attention, FlexParts, causal_block_mask, flex_route_attention, plan_attention
-from posenc.model import ModelConfig, Transformer
 
 from .references import dense_attention, dense_model
 from .schemes import factory
-from .test_attention import CASES, D, H, V, grads, scheme_of
+from .test_attention import (CASES, D, H, V, assert_same_gradients, perturbed_model, scheme_of,
+                             trained_layer_gradients)
 
 
 def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None):
@@ -117,11 +117,7 @@ def test_a_layer_on_the_flex_route_equals_the_dense_reference(name, causal, extr
     assert (plan.route == FLEX) == takes_flex(name, extra)
     y, ref = attn(h, pos, plan), dense_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
-    params = [h] + [p for p in attn.parameters() if p.requires_grad]
-    names = ["input"] + [n for n, p in attn.named_parameters() if p.requires_grad]
-    upstream = torch.randn_like(y)
-    for n, a, b in zip(names, grads(y, upstream, params), grads(ref, upstream, params)):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
 
 
 @pytest.mark.parametrize("name,causal,extra", [c for c in FLEX_CASES if takes_flex(c.values[0], c.values[2])])
@@ -130,12 +126,7 @@ def test_the_model_on_the_flex_route_equals_the_dense_reference(name, causal, ex
     evaluation mode: logits and the gradient of every parameter against the dense formula."""
     torch.manual_seed(1)
     T = 40
-    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T + 16, causal=causal)
-    model = Transformer(cfg, factory(name, **extra)).eval()
-    with torch.no_grad():
-        for p in model.positional_parameters():
-            if p.dim() > 0:
-                p.add_(torch.randn_like(p) * 0.3)
+    model = perturbed_model(name, causal, extra, max_len=T + 16)
     built = []
     parts = attention_module.flex_parts
     monkeypatch.setattr(attention_module, "flex_parts", lambda s, pos: built.append(s) or parts(s, pos))
@@ -145,11 +136,7 @@ def test_the_model_on_the_flex_route_equals_the_dense_reference(name, causal, ex
     instances = {b.attn.scheme for b in model.blocks}
     assert len(built) == len(instances)  # once per scheme instance and forward
     torch.testing.assert_close(y, ref, atol=5e-5, rtol=5e-5)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    upstream = torch.randn_like(y)
-    for (n, _), a, b in zip(named, grads(y, upstream, [p for _, p in named]),
-                            grads(ref, upstream, [p for _, p in named])):
-        torch.testing.assert_close(a, b, atol=5e-5, rtol=5e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+    assert_same_gradients(y, ref, {n: p for n, p in model.named_parameters() if p.requires_grad}, atol=5e-5, rtol=5e-4)
 
 
 def test_the_flex_route_is_taken_only_where_it_applies(monkeypatch):
@@ -201,13 +188,8 @@ def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel, shapes=(
     monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))
     monkeypatch.setattr(attention_module, "flex_kernel", lambda device: kernel)
     torch.manual_seed(2)
-    longest = max(T for _, T in shapes)
-    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=longest + 16, causal=causal)
-    model = Transformer(cfg, factory(name, **extra)).eval()
+    model = perturbed_model(name, causal, extra, max_len=max(T for _, T in shapes) + 16)
     with torch.no_grad():
-        for p in model.positional_parameters():
-            if p.dim() > 0:
-                p.add_(torch.randn_like(p) * 0.3)
         for B, T in shapes:
             idx, pos = torch.randint(0, V, (B, T)), torch.arange(T)
             torch.testing.assert_close(model(idx, pos), dense_model(model, idx, pos), atol=5e-5, rtol=5e-5)
