@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -537,6 +538,22 @@ def compiled_markdown(res: dict) -> list[str]:
     return lines
 
 
+def paper_bench_settings(a: argparse.Namespace) -> tuple[dict, dict]:
+    """The paper profile's params, and ``run_bench``'s model, lengths and extra arguments for its
+    model at its lengths, vocabulary and tokens per step (on the CPU smoke test: the small
+    model, without memory probes)."""
+    import yaml
+
+    params = yaml.safe_load(PAPER_PARAMS.read_text())
+    lengths = sorted({j["T"] for j in paper_jobs(params)})
+    if a.device != "cuda":
+        return params, {"model": None, "lengths": lengths, "extra": ("--no-memory",)}
+    lm = study_tasks(params)["lm"]
+    extra = ("--vocab-size", str(params["vocab_size"]), "--no-memory",
+             "--tokens-per-batch", str(lm["seq_len"] * lm["batch_size"]))
+    return params, {"model": params["model"], "lengths": lengths, "extra": extra}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m posenc.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -614,50 +631,38 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(f"[{i}/{len(schemes)}] {scheme}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                            for k, v in row.items() if k != "scheme"), flush=True)
-    if a.bench_lengths:
+    def part(key: str, label: str, measure: Callable[[], dict]) -> bool:
+        """res[key] = measure(), or its error, recorded as a failure (the other parts go on); saved."""
         try:
-            res["bench"] = run_bench(a, work, left())
-        except Exception as e:  # noqa: BLE001
-            res["bench"] = {"error": failure(e, 1500)}
-            res["failures"].append(f"benchmark: {res['bench']['error']}")
+            res[key] = measure()
+        except Exception as e:  # noqa: BLE001 -- recorded, the other parts go on
+            res[key] = {"error": failure(e, 1500)}
+            res["failures"].append(f"{label}: {res[key]['error']}")
+        save()
+        return "error" not in res[key]
+
+    if a.bench_lengths:
+        part("bench", "benchmark", lambda: run_bench(a, work, left()))
     flex = [r["scheme"] for r in res["schemes"] if r.get("route") == "flex"]
     if a.bench_lengths and flex:  # the same schemes on the float-mask route: before and after, in one run
-        try:
-            res["bench_masked"] = run_bench(a, work, left(), "bench-masked", extra=("--schemes", "none", *flex),
-                                            env={"POSENC_FLEX_DEVICES": ""})
-        except Exception as e:  # noqa: BLE001
-            res["bench_masked"] = {"error": failure(e, 1500)}
-            res["failures"].append(f"benchmark on the float-mask route: {res['bench_masked']['error']}")
-        save()
-    if a.long_tokens:
-        try:
-            res["long"] = long_evaluation(a, schemes, a.long_model, a.long_tokens)
-            res["failures"] += [f"{r['scheme']} at {a.long_tokens} tokens: {r['error']}"
-                                for r in res["long"]["rows"] if "error" in r]
-        except Exception as e:  # noqa: BLE001
-            res["long"] = {"error": failure(e, 1500)}
-            res["failures"].append(f"long evaluation: {res['long']['error']}")
-        save()
+        part("bench_masked", "benchmark on the float-mask route", lambda: run_bench(
+            a, work, left(), "bench-masked", extra=("--schemes", "none", *flex), env={"POSENC_FLEX_DEVICES": ""}))
+    if a.long_tokens and part("long", "long evaluation", lambda: long_evaluation(a, schemes, a.long_model, a.long_tokens)):
+        res["failures"] += [f"{r['scheme']} at {a.long_tokens} tokens: {r['error']}"
+                            for r in res["long"]["rows"] if "error" in r]
     if a.paper_bench:
-        try:
-            import yaml
+        paper: dict = {}  # the paper profile's bench settings, for its run and the compiled one
 
-            params = yaml.safe_load(PAPER_PARAMS.read_text())
-            lengths = sorted({j["T"] for j in paper_jobs(params)})
-            lm = study_tasks(params)["lm"]
-            extra = ("--vocab-size", str(params["vocab_size"]), "--no-memory",
-                     "--tokens-per-batch", str(lm["seq_len"] * lm["batch_size"]))
-            paper = run_bench(a, work, left(), "paper", params["model"] if a.device == "cuda" else None, lengths,
-                              extra if a.device == "cuda" else ("--no-memory",))
-            res["paper"] = paper | {"params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
-            save()
-            res["compiled"] = run_bench(a, work, left(), "paper-compiled", params["model"] if a.device == "cuda" else None,
-                                        lengths, (*(extra if a.device == "cuda" else ("--no-memory",)), "--schemes",
-                                                  "none", "--compile"))
-        except Exception as e:  # noqa: BLE001
-            part = "compiled" if "paper" in res else "paper"
-            res[part] = {"error": failure(e, 1500)}
-            res["failures"].append(f"paper profile's model{', compiled' if part == 'compiled' else ''}: {res[part]['error']}")
+        def paper_bench() -> dict:
+            params, settings = paper_bench_settings(a)
+            paper.update(settings)
+            return run_bench(a, work, left(), "paper", **settings) | {
+                "params": str(PAPER_PARAMS.relative_to(project_root())), "values": params}
+
+        if part("paper", "paper profile's model", paper_bench):
+            part("compiled", "paper profile's model, compiled", lambda: run_bench(
+                a, work, left(), "paper-compiled", paper["model"], paper["lengths"],
+                (*paper["extra"], "--schemes", "none", "--compile")))
     save()
     print(f"wrote {out} and {out.with_suffix('.json')} in {res['seconds']:.0f} s; "
           f"{len(res['failures'])} failure(s)" + "".join(f"\n  {f}" for f in res["failures"]))
