@@ -53,6 +53,15 @@ def test_the_import_graph_has_no_circle_counting_imports_inside_functions():
     assert "posenc.tracking" in edges["posenc.runs"] and "posenc.runs" not in edges["posenc.tracking"]
 
 
+def test_checkpoints_are_read_in_posenc_runs_alone():
+    """``torch.load`` is called in ``posenc.runs`` alone (``load_state``: ``weights_only=True``,
+    which unpickles tensors and plain containers, nothing that runs code)."""
+    calls = [p.relative_to(REPO).as_posix() for p in CODE if re.search(r"\btorch\.load\(|\bload\(.*weights_only", p.read_text())]
+    assert calls == ["src/posenc/runs.py"]
+    assert "weights_only=True" in (REPO / "src/posenc/runs.py").read_text()
+    assert "weights_only=False" not in "".join(p.read_text() for p in CODE)
+
+
 def test_the_circle_finder_sees_a_circle_hidden_in_a_function(tmp_path):
     from .imports import circles, graph
 
