@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -51,6 +52,86 @@ def test_the_import_graph_has_no_circle_counting_imports_inside_functions():
     # the direction the layers keep: a task reads the data, the run folder writes to MLflow
     assert "posenc.data" in edges["posenc.tasks"] and "posenc.tasks" not in edges["posenc.data"]
     assert "posenc.tracking" in edges["posenc.runs"] and "posenc.runs" not in edges["posenc.tracking"]
+
+
+#: what resolves a name into code: a call of one of these on a string written in the code
+#: imports by a string (on a name read from a config, ``_target_``, it is the config registry)
+RESOLVERS = {"import_module", "__import__", "get_method", "get_object", "get_class", "instantiate", "locate", "_locate"}
+#: a dotted path of a module (or of something in it) of the project
+PROJECT_PATH = re.compile(r"^(posenc|pipelines|analysis|tests)(\.\w+)+$")
+
+
+def strings_naming_modules(path) -> list[str]:
+    """Where the module at ``path`` names a project module by a string: a resolver called on a
+    string (``RESOLVERS``), or a dotted project path written as a string (an f-string counted
+    by its first part), docstrings aside. A name an API takes for what it runs or labels, and
+    imports nothing of for this module, is no import: the module after ``-m`` in a command
+    line, a logger's name, and a fork server's preload list (each module in it is imported by
+    name where it is used)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    allowed: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            allowed.add(id(node.body[0].value))  # a docstring
+        if isinstance(node, (ast.List, ast.Tuple)):  # [python, -m, pipelines.study, ...]
+            items = node.elts
+            allowed |= {id(b) for a, b in zip(items, items[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("getLogger", "set_forkserver_preload"):
+                allowed |= {id(n) for arg in node.args for n in ast.walk(arg)}
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PRELOAD" for t in node.targets):
+            allowed |= {id(n) for n in ast.walk(node.value)}  # pipelines.study's fork-server preload
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in RESOLVERS \
+                and node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
+            found.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            text = f"{node.values[0].value}x"  # f"analysis.{module}": the path it starts
+        if isinstance(text, str) and id(node) not in allowed and PROJECT_PATH.match(text):
+            found.append(f"{node.lineno}: {text!r}")
+    return sorted(set(found))
+
+
+def test_no_module_imports_another_by_a_string():
+    """A module uses another by importing it, so that the import graph (``tests/imports.py``)
+    and a reader see the dependency: no dotted path of a project module in a string, and no
+    resolver (importlib, Hydra's ``get_method``) called on one. The configs' ``_target_`` are
+    the config registry (read from ``conf/``, not written in the code)."""
+    found = [f"{p.relative_to(REPO)}:{line}" for p in CODE for line in strings_naming_modules(p)]
+    assert found == []
+
+
+def test_the_string_import_finder_sees_each_kind(tmp_path):
+    """The finder on a module written to hold one of each: what it must report, and what it must not."""
+    src = tmp_path / "m.py"
+    src.write_text(textwrap.dedent('''
+        """Docstring naming posenc.tasks is fine."""
+        import importlib
+        import logging
+        from hydra.utils import get_method
+
+        log = logging.getLogger("pipelines.publish")
+        CMD = ["python", "-m", "pipelines.study"]
+        PRELOAD = ["posenc.train"]
+        WRITER = "posenc.evaluate.write_results"
+
+        def f(module, target):
+            importlib.import_module(f"analysis.{module}")
+            get_method("tool.fn")
+            return get_method(target)
+    '''))
+    found = strings_naming_modules(src)
+    lines = src.read_text().splitlines()
+    assert {lines[int(f.split(":")[0]) - 1].strip() for f in found} == {
+        'WRITER = "posenc.evaluate.write_results"', 'importlib.import_module(f"analysis.{module}")',
+        'get_method("tool.fn")'}
+    assert len(found) == 4  # the f-string twice: a resolver called on a string, and a path
 
 
 def test_checkpoints_are_read_in_posenc_runs_alone():
