@@ -54,7 +54,8 @@ STUDY = (
 )
 
 STAGES: list[Stage] = [
-    Stage("prepare", "python -m pipelines.prepare --out results/prepare.json data=${data} data.vocab_size=${vocab_size}",
+    Stage("prepare",
+          "python -m pipelines.prepare --out results/prepare.json data=${data} data.vocab_size=${vocab_size}",
           deps=["src/posenc/data.py", "pipelines/prepare.py", "conf/data"], params=["data", "vocab_size"],
           outs=[Out("results/prepare.json", name="prepare")]),
     Stage("fingerprint", "python -m pipelines.fingerprint --params params.yaml --out-dir results/fingerprints",
@@ -108,18 +109,23 @@ runs file, they are the files each task of params.yaml writes (posenc.tasks.Task
           about="the summaries: they gather per-scheme files and write only their own outputs"),
     Stage("pretrained_correlations",
           "python -m pipelines.pretrained --n ${correlations.pretrained_sentences} "
-          "--length ${correlations.pretrained_length} --out-dir figures/pretrained --json results/pretrained_minilm.json",
-          deps=["pipelines/pretrained.py", "pipelines/term_maps.py", "analysis/pretrained.py", "analysis/correlations.py",
-                "analysis/overview.py", "analysis/terms.py", "analysis/heatmaps.py", "src/posenc/files.py"],
+          "--length ${correlations.pretrained_length} --out-dir figures/pretrained "
+          "--json results/pretrained_minilm.json",
+          deps=["pipelines/pretrained.py", "pipelines/term_maps.py", "analysis/pretrained.py",
+                "analysis/correlations.py", "analysis/overview.py", "analysis/terms.py", "analysis/heatmaps.py",
+                "src/posenc/files.py"],
           params=["correlations.pretrained_sentences", "correlations.pretrained_length"],
-          outs=[Out("figures/pretrained", publish=True), Out("results/pretrained_minilm.json", publish=True, name="minilm")]),
+          outs=[Out("figures/pretrained", publish=True),
+                Out("results/pretrained_minilm.json", publish=True, name="minilm")]),
     Stage("tables",
-          "python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv --params params.yaml "
+          "python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv "
+          "--params params.yaml "
           "--lm-reference ${lm_table.reference} --lm-margin ${lm_table.margin} --question ${mlm_table.question} "
           "--against ${mlm_table.against} --mlm-reference ${mlm_table.reference} --mlm-margin ${mlm_table.margin} "
           "--out-dir results --md-dir figures",
-          deps=["results/runs", "results/extrapolation", "pipelines/tables.py", "analysis/stats.py", "pipelines/gather.py",
-                "src/posenc/files.py", "src/posenc/tasks.py", "src/posenc/taskbase.py", "conf/task"],
+          deps=["results/runs", "results/extrapolation", "pipelines/tables.py", "analysis/stats.py",
+                "pipelines/gather.py", "src/posenc/files.py", "src/posenc/tasks.py", "src/posenc/taskbase.py",
+                "conf/task"],
           params=["schemes", "tasks", "lm_table", "mlm_table"],
           outs=[Out("figures/tasks_table.md", report=True), Out("results/tasks_table.json", name="tasks"),
                 Out("figures/lm_table.md", publish=True, report=True),
@@ -184,8 +190,9 @@ pointing at it. A run with the same params.yaml and commit is reused. mlflow.db 
 output: into a fresh store, `dvc repro --force --single-item publish`."""),
     Stage("report", "python -m pipelines.report", timed=False, gathers="report",
           deps=["pipelines/report.py", "pipelines/results.py", "pipelines/pipeline.py", "pipelines/stages.py",
-                "pipelines/timed.py", "analysis/words.py", "docs/templates", "docs/literature.yaml", "analysis/stats.py",
-                "analysis/papers.py", "analysis/findings.py", "analysis/scales.py", "analysis/reach.py", "params.yaml"],
+                "pipelines/timed.py", "analysis/words.py", "docs/templates", "docs/literature.yaml",
+                "analysis/stats.py", "analysis/papers.py", "analysis/findings.py", "analysis/scales.py",
+                "analysis/reach.py", "params.yaml"],
           outs=[Out("docs/results.md")],
           about="""the results report (docs/results.md) and the README's generated blocks, from the results
 files above that the report reads (and each profile's, profiles/<name>/results): every number
@@ -234,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.check:
         if (ROOT / "dvc.yaml").read_text() != dvc_yaml():
-            print("dvc.yaml is not what pipelines/pipeline.py declares: run python -m pipelines.pipeline", file=sys.stderr)
+            print("dvc.yaml is not what pipelines/pipeline.py declares: run python -m pipelines.pipeline",
+                  file=sys.stderr)
             return 1
         print("dvc.yaml: current")
         return 0

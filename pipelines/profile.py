@@ -35,9 +35,9 @@ LEFT_OUT = ("bench", "pretrained_correlations", "report")
 #: what a profile writes under its own folder
 OWN = ("results", "figures", "runs")
 EXPERIMENT = "posenc-study"
-HEADER = ("# Made by `python -m pipelines.profile {name}` from the project's dvc.yaml (made from pipelines/pipeline.py:\n"
-          "# edit the stages there, or this profile's params.yaml, then run python -m pipelines.pipeline).\n"
-          "# Run: python -m pipelines.profile {name}\n")
+HEADER = ("# Made by `python -m pipelines.profile {name}` from the project's dvc.yaml (made from\n"
+          "# pipelines/pipeline.py: edit the stages there, or this profile's params.yaml, then run\n"
+          "# python -m pipelines.pipeline). Run: python -m pipelines.profile {name}\n")
 
 
 def _paths(name: str):

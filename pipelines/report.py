@@ -70,7 +70,8 @@ def environment(root: Path):
                       extensions=["jinja2.ext.do"])
     env.globals.update(HELPERS)
     env.filters.update(FILTERS)
-    env.tests.update({"startswith": lambda s, prefix: str(s).startswith(prefix), "depends_on_scale": scales.depends_on_scale,
+    env.tests.update({"startswith": lambda s, prefix: str(s).startswith(prefix),
+                      "depends_on_scale": scales.depends_on_scale,
                       "search": lambda s, pattern: re.search(pattern, str(s)) is not None})
     return env
 

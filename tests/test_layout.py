@@ -137,7 +137,8 @@ def test_the_string_import_finder_sees_each_kind(tmp_path):
 def test_checkpoints_are_read_in_posenc_runs_alone():
     """``torch.load`` is called in ``posenc.runs`` alone (``load_state``: ``weights_only=True``,
     which unpickles tensors and plain containers, nothing that runs code)."""
-    calls = [p.relative_to(REPO).as_posix() for p in CODE if re.search(r"\btorch\.load\(|\bload\(.*weights_only", p.read_text())]
+    loads = re.compile(r"\btorch\.load\(|\bload\(.*weights_only")
+    calls = [p.relative_to(REPO).as_posix() for p in CODE if loads.search(p.read_text())]
     assert calls == ["src/posenc/runs.py"]
     assert "weights_only=True" in (REPO / "src/posenc/runs.py").read_text()
     assert "weights_only=False" not in "".join(p.read_text() for p in CODE)

@@ -69,7 +69,8 @@ def test_a_figure_declared_once_is_a_stage_an_artifact_and_a_report_input_everyw
     assert publish["cmd"] == was["cmd"] + " figures/toy.png results/toy.json"
     assert publish["deps"] == was["deps"] + ["figures/toy.png", "results/toy.json"]
     # the report depends on what it reads, and its templates read it as study.toy
-    assert sorted(made["stages"]["report"]["deps"]) == sorted(committed["stages"]["report"]["deps"] + ["results/toy.json"])
+    report = committed["stages"]["report"]["deps"]
+    assert sorted(made["stages"]["report"]["deps"]) == sorted([*report, "results/toy.json"])
     assert read_by_name(stages) == {**read_by_name(pipeline.STAGES), "toy": "results/toy.json"}
     assert FILES == {"params": "params.yaml", **read_by_name(pipeline.STAGES)}
     # nothing else moves
@@ -87,8 +88,11 @@ def test_a_figure_declared_once_is_a_stage_an_artifact_and_a_report_input_everyw
     assert demo["stages"]["publish"]["cmd"].endswith(" profiles/demo/figures/toy.png profiles/demo/results/toy.json")
     # and DVC reads both pipelines, with the toy stage in each
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
-    dvc = lambda *args: subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True,  # noqa: E731
-                                       text=True, env=env, timeout=300)
+
+    def dvc(*args):
+        return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True, env=env,
+                              timeout=300)
+
     assert dvc("init", "--no-scm", "-q").returncode == 0
     for target in ("dvc.yaml", "profiles/demo/dvc.yaml"):
         listed = dvc("stage", "list", target)
@@ -104,7 +108,8 @@ def test_the_study_stage_writes_what_its_tasks_declare(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["tasks"]["scored"] = dict(params["tasks"]["mlm"])
     root = _root(tmp_path, params)
-    (root / "conf/task/scored.yaml").write_text(f"_target_: {__name__}.Scored\nname: scored\ncausal: true\ncls: false\n")
+    (root / "conf/task/scored.yaml").write_text(
+        f"_target_: {__name__}.Scored\nname: scored\ncausal: true\ncls: false\n")
     outs = yaml.safe_load(pipeline.dvc_yaml(root=root))["stages"]["study"]["do"]["outs"]
     assert [next(iter(o)) for o in outs] == [
         "results/times/study@${key}.json", "results/runs/${key}.json", "results/extrapolation/${key}.csv",
