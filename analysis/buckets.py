@@ -23,8 +23,10 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-#: the class whose tables this module reads (its ``_target_`` in conf/encoding)
-TARGET = "posenc.encodings.T5Bias"
+from posenc.encodings import T5Bias
+
+#: the class whose tables this module reads (a scheme's ``_target_`` in conf/encoding names it)
+SCHEME = T5Bias
 
 
 def buckets(distances: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:

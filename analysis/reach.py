@@ -56,17 +56,6 @@ def attention_probabilities(model, idx: torch.Tensor, last: int | None = None) -
 
 
 @torch.no_grad()
-def needle_attention(model, idx: torch.Tensor, start: int, width: int, rows: int) -> float:
-    """How much the top layer looks at a needle: the probability mass the last ``rows``
-    query rows (a retrieval window's answer) put on positions ``start`` .. ``start +
-    width - 1`` (its key and value), averaged over those rows and the windows ``idx``
-    (B, T), for the head that puts the most there. 1: that head reads the needle alone;
-    under uniform attention it is about width / T."""
-    top = attention_probabilities(model, idx, last=rows)[-1]  # (B, H, rows, T)
-    return float(top[..., start : start + width].sum(-1).mean((0, 2)).max())
-
-
-@torch.no_grad()
 def reach_rows(model, tokens: np.ndarray, lengths: Sequence[int], windows: int = 4) -> list[dict]:
     """Rows {length, layer, head, distance, entropy, uniform_distance, uniform_entropy}:
     the means over ``windows`` non-overlapping windows of each length from the start
@@ -97,11 +86,10 @@ def checkpoint_reach(ckpt, multipliers: Sequence[int], extension: str | None = N
     its training length L, with a context-extension rule switched on past L."""
     from posenc.runs import open_run, run_data
 
-    cfg, vocab_size, module = open_run(ckpt, "cpu", extension)
-    L = int(cfg["data"]["seq_len"])
-    tokens = run_data(cfg, vocab_size=vocab_size).tokens("validation")
-    base = {"scheme": cfg["encoding"]["name"] + (f"+{extension}" if extension else ""), "seed": cfg["seed"],
-            "train_len": L}
+    run, module = open_run(ckpt, "cpu", extension)
+    L = run.train_len
+    tokens = run_data(run.cfg, vocab_size=run.vocab_size).tokens("validation")
+    base = {"scheme": run.label(extension), "seed": run.seed, "train_len": L}
     return [{**base, "multiple": r["length"] // L, **r}
             for r in reach_rows(module.model, tokens, [m * L for m in multipliers], windows)]
 

@@ -285,28 +285,25 @@ def checkpoint_term_maps(
 ) -> TermMaps:
     """Term maps of a checkpoint on ``n_batches`` validation batches of its own data
     (``posenc.runs.run_data``) at ``length`` (default: the training length)."""
-    from omegaconf import OmegaConf
-
     from posenc.runs import open_run, run_data
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"--ckpt {path}: no such checkpoint file")
-    recorded, _, module = open_run(path)
+    run, module = open_run(path)
     model = module.model
-    cfg = OmegaConf.create(recorded)
-    length = int(length or cfg.data.seq_len)
+    length = int(length or run.train_len)
     model.check_length(length)
     settings = {"seq_len": length, **({"eval_batch_size": int(batch_size)} if batch_size else {})}
-    dm = run_data(OmegaConf.to_container(cfg), data_dir, cache_dir, model.cfg.vocab_size, **settings)
+    dm = run_data(run.cfg, data_dir, cache_dir, model.cfg.vocab_size, **settings)
     meta = {
-        "run_name": str(cfg.run_name),
+        "run_name": str(run.run_name),
         "checkpoint": portable_path(path),
-        "encoding": str(cfg.encoding.name),
-        "seed": int(cfg.seed),
-        "task": str(cfg.task.name),
-        "data": str(cfg.data.corpus.name),
+        "encoding": run.scheme,
+        "seed": int(run.seed),
+        "task": run.task_name,
+        "data": run.corpus,
     }
-    return model_term_maps(model, sample_batches(dm, n_batches, seed), f"{cfg.encoding.name} ({cfg.task.name})", **meta)
+    return model_term_maps(model, sample_batches(dm, n_batches, seed), f"{run.scheme} ({run.task_name})", **meta)
 
 
 # ------------------------------------------------------------------ summaries

@@ -33,23 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True)
     p.add_argument("--md", required=True)
     a = p.parse_args(argv)
-    import torch
+    from hydra.utils import get_class
 
     from analysis import buckets
     from posenc.fingerprint import scheme_target
+    from posenc.runs import weights
 
     from .heatmaps import checkpoints, reach_task
 
     out = {}
     for scheme, path in per_scheme(a.runs, study_schemes(a.params) if a.params else None, "runs").items():
         _, config, target = scheme_target(scheme)
-        if target != buckets.TARGET:
+        if get_class(target) is not buckets.SCHEME:
             continue
         runs = json.loads(Path(path).read_text())["runs"]
         task = reach_task([r["task"] for r in runs])
         seeds = sorted(r["seed"] for r in runs if r["task"] == task)  # the order checkpoints() gives
-        states = {seed: torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-                  for seed, ckpt in zip(seeds, checkpoints(path, reach_task))}
+        states = {seed: weights(ckpt) for seed, ckpt in zip(seeds, checkpoints(path, reach_task))}
         out[scheme] = buckets.summary(config["scheme"], states, a.train_len, a.multipliers)
     table = buckets.markdown(out) if out else "No scheme of the study is T5's bias.\n"
     write_json(a.json, out)

@@ -90,7 +90,7 @@ def stale_studies(pipeline: Path) -> list:
     from dvc.repo import Repo
 
     with Repo(".") as repo:
-        stages = [s for s in repo.stage.collect(str(pipeline)) if "pipelines.study" in (s.cmd or "")]
+        stages = [s for s in repo.stage.collect(str(pipeline)) if " ".join(STUDY) in (s.cmd or "")]
         upstream = sorted({u.addressing for s in stages for u in nx.descendants(repo.index.graph, s)} -
                           {s.addressing for s in stages})
     if upstream:

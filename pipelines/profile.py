@@ -5,8 +5,9 @@
     python -m pipelines.profile --check                 # every committed profile pipeline is current
 
 A profile is a folder ``profiles/<name>/`` with its own ``params.yaml`` (the same keys as
-the default study's). Its ``dvc.yaml`` is made from the project's (``profile_pipeline``),
-so the two never drift apart: every stage runs at the project root (``wdir: ../..``)
+the default study's). Its ``dvc.yaml`` is made from the project's (``profile_pipeline``; the
+project's is made from the stages ``pipelines.pipeline`` declares, and ``python -m
+pipelines.pipeline`` writes both), so the two never drift apart: every stage runs at the project root (``wdir: ../..``)
 with the profile's params, and writes its results, figures, stage records and runs under
 ``profiles/<name>/`` (``results/``, ``figures/``, ``runs/``), its MLflow runs to an
 experiment of its own (``posenc-study-<name>``). Stages that do not depend on the study's
@@ -34,8 +35,9 @@ LEFT_OUT = ("bench", "pretrained_correlations", "report")
 #: what a profile writes under its own folder
 OWN = ("results", "figures", "runs")
 EXPERIMENT = "posenc-study"
-HEADER = ("# Made by `python -m pipelines.profile {name}` from the project's dvc.yaml: edit that one (or this\n"
-          "# profile's params.yaml), then run the command again. Run: python -m pipelines.profile {name}\n")
+HEADER = ("# Made by `python -m pipelines.profile {name}` from the project's dvc.yaml (made from\n"
+          "# pipelines/pipeline.py: edit the stages there, or this profile's params.yaml, then run\n"
+          "# python -m pipelines.pipeline). Run: python -m pipelines.profile {name}\n")
 
 
 def _paths(name: str):
@@ -84,7 +86,7 @@ def profile_pipeline(name: str, pipeline: dict) -> dict:
         cmd = body["cmd"]
         for path in dropped:  # a stage that lists what a left-out stage makes (publish) leaves it out
             cmd = re.sub(rf"(?<=\s){re.escape(path)}(?=\s|$)", "", cmd)
-        body["cmd"] = re.sub(r"[ \t]+", " ", move(cmd))
+        body["cmd"] = re.sub(r"[ \t]+", " ", move(cmd)).strip()
         for key in ("deps", "outs", "metrics", "plots"):
             if key in body:
                 body[key] = [_entry(e, move) for e in body[key] if not _within(e, dropped)]
@@ -146,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     # the report reads every profile that has results: render it again, and record the new
     # docs/results.md as the root pipeline's report output (its dvc.lock), so dvc status stays clean
-    from pipelines import report
-
-    rc = report.main([])
+    rc = subprocess.call([sys.executable, "-m", "pipelines.report"], cwd=ROOT)
     return rc or subprocess.call(["dvc", "commit", "--force", "report"], cwd=ROOT)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis import stats, words
+from analysis import findings, papers, scales, stats, words
 from pipelines.results import ROOT, ReportError, Study
 from posenc.files import write_text
 
@@ -44,32 +44,20 @@ BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- 
 STAMP = "<!-- written by `python -m pipelines.report` from the results files: edit the template, not this -->"
 
 
-def _analysis(name: str):
-    """An analysis function, imported when a template first calls it."""
-    module, _, fn = name.rpartition(".")
-
-    def call(*args, **kwargs):
-        import importlib
-
-        return getattr(importlib.import_module(f"analysis.{module}"), fn)(*args, **kwargs)
-
-    return call
-
-
-#: what the templates call: the words module's functions by their names, analysis functions
-#: (imported when first called), and a few of Python's and the statistics' own
+#: what the templates call: the words module's functions by their names, analysis functions, and a
+#: few of Python's and the statistics' own
 FILTERS = {"pct": words.pct, "num": words.num, "said": words.said, "detail": words.detail, "log": math.log}
 HELPERS = {**{n: getattr(words, n) for n in words.__all__}, "p": stats.format_p, "isnan": math.isnan,
            "shown_diff": stats.shown_diff, "shown_margin": stats.shown_margin,
            "shown_detectable": stats.shown_detectable,
            "words": {"ahead": stats.AHEAD, "behind": stats.BEHIND, "equivalent": stats.EQUIVALENT,
                      "undecided": stats.UNDECIDED, "untested": stats.UNTESTED},
-           **{n.rpartition(".")[2]: _analysis(n) for n in (
-               "papers.against_papers", "papers.interval", "findings.flat_retrieval", "findings.flat_schemes",
-               "findings.t5_control", "findings.power", "findings.with_seeds", "findings.at_length",
-               "findings.fairness", "findings.ratios", "scales.findings", "scales.depends_on_scale",
-               "stats.rank_intervals")}}
-HELPERS["kendall_tables"] = lambda a, b, ra=None: _analysis("scales.kendall_tables")(a.samples(ra), b.samples(), a.top)
+           **{f.__name__: f for f in (
+               papers.against_papers, papers.interval, findings.flat_retrieval, findings.flat_schemes,
+               findings.t5_control, findings.power, findings.with_seeds, findings.at_length,
+               findings.fairness, findings.ratios, scales.findings, scales.depends_on_scale,
+               stats.rank_intervals)}}
+HELPERS["kendall_tables"] = lambda a, b, ra=None: scales.kendall_tables(a.samples(ra), b.samples(), a.top)
 HELPERS["first_workers"] = lambda s: next(iter(s.timing["stages"].values()))["workers"]
 
 
@@ -82,9 +70,8 @@ def environment(root: Path):
                       extensions=["jinja2.ext.do"])
     env.globals.update(HELPERS)
     env.filters.update(FILTERS)
-    from analysis.scales import depends_on_scale
-
-    env.tests.update({"startswith": lambda s, prefix: str(s).startswith(prefix), "depends_on_scale": depends_on_scale,
+    env.tests.update({"startswith": lambda s, prefix: str(s).startswith(prefix),
+                      "depends_on_scale": scales.depends_on_scale,
                       "search": lambda s, pattern: re.search(pattern, str(s)) is not None})
     return env
 

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import yaml
 
+from pipelines.pipeline import STAGES
+from pipelines.stages import read_by_name
 from posenc.tasks import CausalLM, MaskedLM, Retrieval, load, multipliers
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-#: a study's results files, by the name a template reads them with (``study.lm``)
-FILES = {"params": "params.yaml", "mlflow": "results/mlflow_study.json", "prepare": "results/prepare.json",
-         "timing": "results/timing.json", "lm": "results/lm_table.json", "mlm": "results/mlm_table.json",
-         "correlations": "results/correlations.json", "retrieval": "results/retrieval_table.json",
-         "minilm": "results/pretrained_minilm.json", "bench": "figures/bench/bench.json",
-         "buckets": "results/buckets.json", "tasks": "results/tasks_table.json"}
+#: a study's results files, by the name a template reads them with (``study.lm``): its params, and
+#: each output its stage declares the report reads by a name (``pipelines.pipeline``)
+FILES = {"params": "params.yaml", **read_by_name(STAGES)}
 
 
 #: the papers' tables of ``FILES`` and the class of the task whose runs make each: the causal

@@ -11,7 +11,7 @@ task (``posenc.tasks.STUDY_KEYS``: seeds, window, batch, steps, validation inter
 overrides and ``evaluate``), and the rest is asked of its class (``posenc.tasks``): the
 overrides of its runs (``run_overrides``), what it does with a trained run (``evaluate``: calls
 made in the run's own job, giving rows, and follow-up jobs such as the retrieval grid's cells),
-the metrics kept (``kept``) and where its rows go (``results``, ``writer``). The stage plans
+the metrics kept (``kept``) and where its rows go (``outputs``, ``write``). The stage plans
 (``plan``), runs on the executor (``Stage``) and writes (``write``); it names no task.
 
 Why a pool inside one stage: ``dvc repro`` runs its stages one at a time, so
@@ -139,7 +139,9 @@ def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) ->
     """The Hydra overrides that fine-tune a run with ``rule`` at ``mult`` x L for ``steps``
     steps (Chen et al. 2023, scaled down): the same tokens per step, a tenth of the learning
     rate, a short warm-up."""
-    L, B = int(cfg.data.seq_len), int(cfg.data.batch_size)
+    from posenc.runs import StoredRun
+
+    L, B = StoredRun(cfg).train_len, int(cfg.data.batch_size)
     return [
         f"init_from={init_from}", f"encoding.scheme.scaling={rule}", f"encoding.scheme.original_len={L}",
         f"data.seq_len={mult * L}", f"model.max_len={mult * L}", f"data.batch_size={max(1, B // mult)}",
@@ -174,10 +176,8 @@ def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_di
     executor). Everything is scored on the device the run trained on (``trainer.accelerator``).
     Started again after a stop, it resumes what it had not finished (``train_or_resume``)."""
     started = time.time()
-    from hydra.utils import get_method
-
     from posenc.config import compose
-    from posenc.runs import RunFolder
+    from posenc.runs import RunFolder, StoredRun
     from posenc.tasks import build
 
     base = [f"encoding={scheme}", f"task={task_name}", f"seed={seed}", *overrides]
@@ -185,7 +185,7 @@ def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_di
     task = build(cfg.task)
     t = time.perf_counter()
     metrics = train_or_resume(cfg, out_dir)
-    L, device = int(cfg.data.seq_len), scoring_device(cfg.trainer.accelerator)
+    L, device = StoredRun(cfg).train_len, scoring_device(cfg.trainer.accelerator)
     scored = []
     for spec in [None, *rules]:
         rule, mult, steps = parse_extension(spec) if spec else (None, 0, 0)
@@ -198,7 +198,7 @@ def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_di
         scored.append({"run_dir": tuned, "rule": None, "label": label, "base_len": L, "device": device})
     train_s, t = time.perf_counter() - t, time.perf_counter()
     calls, follow_ups = task.evaluate(scored, evaluate)
-    rows = [row for call in calls for row in get_method(call.path)(**call.kwargs)]
+    rows = [row for call in calls for row in call.fn(**call.kwargs)]
     return {"scheme": scheme, "task": task_name, "seed": seed, "run_dir": out_dir,
             **{k: metrics[k] for k in task.kept() if k in metrics},
             "train_s": round(train_s, 2), "eval_s": round(time.perf_counter() - t, 2), "started": started,
@@ -206,12 +206,10 @@ def run_job(scheme: str, task_name: str, seed: int, overrides: list[str], out_di
             "tracking_uri": cfg.logger.tracking_uri if cfg.get("logger") else None}  # fmt: skip
 
 
-def call_part(path: str, part: list, kwargs: dict) -> tuple[list[dict], float]:
+def call_part(fn, part: list, kwargs: dict) -> tuple[list[dict], float]:
     """One follow-up job (``posenc.tasks.FollowUp``): its rows and its seconds."""
-    from hydra.utils import get_method
-
     t = time.perf_counter()
-    rows = get_method(path)(cells=part, **kwargs)
+    rows = fn(cells=part, **kwargs)
     return rows, time.perf_counter() - t
 
 
@@ -369,10 +367,8 @@ class Stage:
             g["failed"] = True
         g["left"] -= 1
         if g["left"] == 0 and not g.get("failed"):
-            from hydra.utils import get_method
-
             f = g["follow"]
-            rows, line = get_method(f.finish)(g["rows"], g["uri"], **f.finish_kwargs)
+            rows, line = f.finish(g["rows"], g["uri"], **f.finish_kwargs)
             g["record"]["rows"] += rows
             print(f"    {line}", flush=True)
 
@@ -421,12 +417,10 @@ def admit(a: argparse.Namespace, ex) -> list[str]:
 
 
 def write(a: argparse.Namespace, done: list[dict], record: dict, t0: float = T0) -> None:
-    """The stage's results: each task's rows (``Task.writer``; a header alone for a task of the
+    """The stage's results: each task's rows (``Task.write``; a header alone for a task of the
     study this scheme does not take), then the runs file, last, with the provenance and times
     (from ``t0``: this process's start, or when the stage's first job was submitted in a
     fan-out, ``Queue.begun``)."""
-    from hydra.utils import get_method
-
     from posenc.files import portable_path, write_json
     from posenc.machine import machine
 
@@ -436,7 +430,7 @@ def write(a: argparse.Namespace, done: list[dict], record: dict, t0: float = T0)
         rows = [row for r in done if r["task"] == name for row in r["rows"]]
         if task.results:
             order = lambda r: [r[k] for k in task.row_order]  # noqa: E731 -- () keeps the runs' order
-            get_method(task.writer)(sorted(rows, key=order), Path(a.results_dir) / task.results / f"{a.scheme}.csv")
+            task.write(sorted(rows, key=order), Path(a.results_dir) / task.outputs(a.scheme)[0])
     for r in done:
         del r["rows"]
         r["run_dir"] = portable_path(r["run_dir"])

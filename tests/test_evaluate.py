@@ -569,6 +569,36 @@ def test_log_to_mlflow_extension_suffix_and_held_points(fake_mlflow):
     assert [m.key for m in batch[2]] == ["extrapolation/ppl_sliding"]
 
 
+# ------------------------------------------------------------------ the stored run
+def test_a_stored_run_is_read_by_name_from_the_record_or_the_old_hyper_parameters():
+    """``runs.StoredRun``: what training stores (``runs.RECORD``; checkpoints from before the
+    record kept it as Lightning's hyper-parameters), read by name: L, the scheme and its label
+    with a rule, seed, corpus, run name, task (its name, and the object its config builds) and
+    MLflow store; a composed config (a DictConfig) answers the same."""
+    from omegaconf import OmegaConf
+
+    from posenc.config import compose
+    from posenc.tasks import Retrieval
+
+    cfg = {"data": {"seq_len": 48, "corpus": {"name": "tinyshakespeare"}}, "encoding": {"name": "rope"}, "seed": 3,
+           "run_name": "r", "task": {"_target_": "posenc.tasks.Retrieval", "name": "retrieval", "digits": 4},
+           "logger": {"tracking_uri": "sqlite:///x.db"}}
+    for state in ({runs.RECORD: {"cfg": cfg, "vocab_size": "260", "identity": {"a": 1}}},
+                  {"hyper_parameters": {"cfg": cfg, "vocab_size": 260, "identity": {"a": 1}}}):
+        run = runs.StoredRun.read(state, "x.ckpt")
+        assert (run.train_len, run.scheme, run.label(), run.label("yarn"), run.seed, run.corpus, run.run_name,
+                run.task_name, run.tracking_uri, run.vocab_size, run.identity) == (
+            48, "rope", "rope", "rope+yarn", 3, "tinyshakespeare", "r", "retrieval", "sqlite:///x.db", 260, {"a": 1})
+        assert isinstance(run.task, Retrieval) and run.task.digits == 4
+    with pytest.raises(runs.ConfigError, match="x.ckpt holds no posenc run config"):
+        runs.StoredRun.read({"state_dict": {}}, "x.ckpt")
+    composed = compose(["task=lm", "data.seq_len=24", "encoding=alibi", "seed=5"])
+    assert OmegaConf.is_config(composed)
+    planned = runs.StoredRun(composed)
+    assert (planned.train_len, planned.scheme, planned.seed, planned.task_name, planned.vocab_size) == (
+        24, "alibi", 5, "lm", None)
+
+
 # ------------------------------------------------------------------ evaluate_checkpoint (recorded)
 CFG = {"data": {"seq_len": 4, "corpus": {"name": "corpusA"}}, "encoding": {"name": "schemeB"}, "seed": 7,
        "logger": {"tracking_uri": "uri-of-cfg"}}  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -51,6 +52,96 @@ def test_the_import_graph_has_no_circle_counting_imports_inside_functions():
     # the direction the layers keep: a task reads the data, the run folder writes to MLflow
     assert "posenc.data" in edges["posenc.tasks"] and "posenc.tasks" not in edges["posenc.data"]
     assert "posenc.tracking" in edges["posenc.runs"] and "posenc.runs" not in edges["posenc.tracking"]
+
+
+#: what resolves a name into code: a call of one of these on a string written in the code
+#: imports by a string (on a name read from a config, ``_target_``, it is the config registry)
+RESOLVERS = {"import_module", "__import__", "get_method", "get_object", "get_class", "instantiate", "locate", "_locate"}
+#: a dotted path of a module (or of something in it) of the project
+PROJECT_PATH = re.compile(r"^(posenc|pipelines|analysis|tests)(\.\w+)+$")
+
+
+def strings_naming_modules(path) -> list[str]:
+    """Where the module at ``path`` names a project module by a string: a resolver called on a
+    string (``RESOLVERS``), or a dotted project path written as a string (an f-string counted
+    by its first part), docstrings aside. A name an API takes for what it runs or labels, and
+    imports nothing of for this module, is no import: the module after ``-m`` in a command
+    line, a logger's name, and a fork server's preload list (each module in it is imported by
+    name where it is used)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    allowed: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            allowed.add(id(node.body[0].value))  # a docstring
+        if isinstance(node, (ast.List, ast.Tuple)):  # [python, -m, pipelines.study, ...]
+            items = node.elts
+            allowed |= {id(b) for a, b in zip(items, items[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("getLogger", "set_forkserver_preload"):
+                allowed |= {id(n) for arg in node.args for n in ast.walk(arg)}
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PRELOAD" for t in node.targets):
+            allowed |= {id(n) for n in ast.walk(node.value)}  # pipelines.study's fork-server preload
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in RESOLVERS \
+                and node.args and isinstance(node.args[0], (ast.Constant, ast.JoinedStr)):
+            found.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            text = f"{node.values[0].value}x"  # f"analysis.{module}": the path it starts
+        if isinstance(text, str) and id(node) not in allowed and PROJECT_PATH.match(text):
+            found.append(f"{node.lineno}: {text!r}")
+    return sorted(set(found))
+
+
+def test_no_module_imports_another_by_a_string():
+    """A module uses another by importing it, so that the import graph (``tests/imports.py``)
+    and a reader see the dependency: no dotted path of a project module in a string, and no
+    resolver (importlib, Hydra's ``get_method``) called on one. The configs' ``_target_`` are
+    the config registry (read from ``conf/``, not written in the code)."""
+    found = [f"{p.relative_to(REPO)}:{line}" for p in CODE for line in strings_naming_modules(p)]
+    assert found == []
+
+
+def test_the_string_import_finder_sees_each_kind(tmp_path):
+    """The finder on a module written to hold one of each: what it must report, and what it must not."""
+    src = tmp_path / "m.py"
+    src.write_text(textwrap.dedent('''
+        """Docstring naming posenc.tasks is fine."""
+        import importlib
+        import logging
+        from hydra.utils import get_method
+
+        log = logging.getLogger("pipelines.publish")
+        CMD = ["python", "-m", "pipelines.study"]
+        PRELOAD = ["posenc.train"]
+        WRITER = "posenc.evaluate.write_results"
+
+        def f(module, target):
+            importlib.import_module(f"analysis.{module}")
+            get_method("tool.fn")
+            return get_method(target)
+    '''))
+    found = strings_naming_modules(src)
+    lines = src.read_text().splitlines()
+    assert {lines[int(f.split(":")[0]) - 1].strip() for f in found} == {
+        'WRITER = "posenc.evaluate.write_results"', 'importlib.import_module(f"analysis.{module}")',
+        'get_method("tool.fn")'}
+    assert len(found) == 4  # the f-string twice: a resolver called on a string, and a path
+
+
+def test_checkpoints_are_read_in_posenc_runs_alone():
+    """``torch.load`` is called in ``posenc.runs`` alone (``load_state``: ``weights_only=True``,
+    which unpickles tensors and plain containers, nothing that runs code)."""
+    loads = re.compile(r"\btorch\.load\(|\bload\(.*weights_only")
+    calls = [p.relative_to(REPO).as_posix() for p in CODE if loads.search(p.read_text())]
+    assert calls == ["src/posenc/runs.py"]
+    assert "weights_only=True" in (REPO / "src/posenc/runs.py").read_text()
+    assert "weights_only=False" not in "".join(p.read_text() for p in CODE)
 
 
 def test_the_circle_finder_sees_a_circle_hidden_in_a_function(tmp_path):
@@ -100,10 +191,14 @@ def test_the_report_asks_for_a_task_by_the_table_it_makes():
     """The templates, the pipelines and the analysis read a task's entry of the params file
     (its seeds, lengths, steps) and its time through the table its runs make
     (``pipelines.results.Study.spec``, ``seeds``, ``task``: by the task's class), never by the
-    task's name. (The tables' names, ``lm``, ``mlm``, ``retrieval``, are those of their files.)"""
+    task's name. (The tables' names, ``lm``, ``mlm``, ``retrieval``, are those of their files.
+    ``pipelines/pipeline.py`` declares dvc.yaml, whose stages name the params they take and
+    interpolate by their keys, ``${tasks.lm.seq_len}``, as DVC reads them: it is left out, as
+    dvc.yaml is.)"""
     names = "|".join(p.stem for p in (REPO / "conf/task").glob("*.yaml"))
     by_name = re.compile(rf"""\btasks\.({names})\b|\[["']tasks["']\]\s*\[["']({names})["']\]|task_s(\.get\(|\[)["']({names})["']""")
-    files = [*sorted((REPO / "docs/templates").glob("*.j2")), *sorted((REPO / "pipelines").glob("*.py")),
+    files = [*sorted((REPO / "docs/templates").glob("*.j2")),
+             *sorted(p for p in (REPO / "pipelines").glob("*.py") if p.name != "pipeline.py"),
              *sorted((REPO / "analysis").glob("*.py"))]
     found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in files
              for n, line in enumerate(p.read_text().splitlines(), 1) if by_name.search(line)]
@@ -156,13 +251,13 @@ def test_the_report_renders_and_analysis_computes():
     assert "cached_property" not in text
 
 
-def test_every_function_of_the_pipelines_and_the_analysis_reads_at_once():
-    """No function in ``pipelines/`` or ``analysis/`` is 60 lines or longer: a stage is its steps,
-    each a function that fits on a screen."""
+def test_every_function_of_the_package_the_pipelines_and_the_analysis_reads_at_once():
+    """No function in ``src/``, ``pipelines/`` or ``analysis/`` is 60 lines or longer: a stage,
+    a benchmark table or a training step is its steps, each a function that fits on a screen."""
     import ast
 
     long = []
-    for p in sorted((REPO / "pipelines").rglob("*.py")) + sorted((REPO / "analysis").rglob("*.py")):
+    for p in CODE:
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1

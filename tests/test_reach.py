@@ -13,6 +13,7 @@ import torch
 
 from analysis import reach
 from posenc.config import build_model, compose
+from posenc.retrieval import needle_attention
 from tests.references import dense_first_layer_logits
 
 from .conftest import REPO
@@ -133,12 +134,13 @@ def test_row_stats_of_a_batch_of_heads():
     assert torch.allclose(e[:, 1], torch.zeros(2, T, dtype=torch.float64)) and e[1, 0, 0] == 0
 
 
-def test_needle_attention_is_the_best_heads_mean_mass_on_the_needle(monkeypatch):
-    """``needle_attention`` on top-layer probabilities written by hand (2 windows, 2
-    heads, the last 3 query rows, 8 keys; the needle at keys 2 and 3): head 0 puts 0.75
-    there in window 0 and 0.25 in window 1 (mean 0.5); head 1 puts its mass next to the
+def test_needle_attention_is_the_best_heads_mean_mass_on_the_needle():
+    """``posenc.retrieval.needle_attention`` on top-layer probabilities written by hand (2
+    windows, 2 heads, the last 3 query rows, 8 keys; the needle at keys 2 and 3): head 0 puts
+    0.75 there in window 0 and 0.25 in window 1 (mean 0.5); head 1 puts its mass next to the
     needle (keys 1 and 4) but for 0.3 in one row (mean 0.05): the answer is head 0's 0.5.
-    The probabilities asked for are the last ``rows`` rows of the model's layers, the top one used."""
+    The model is asked for the last ``rows`` rows of its layers' probabilities, the top one
+    used (a stand-in model that hands back the probabilities above)."""
     top = torch.zeros(2, 2, 3, 8)
     top[0, 0, :, 2], top[0, 0, :, 3], top[0, 0, :, 7] = 0.5, 0.25, 0.25
     top[1, 0, :, 3], top[1, 0, :, 0] = 0.25, 0.75
@@ -146,19 +148,19 @@ def test_needle_attention_is_the_best_heads_mean_mass_on_the_needle(monkeypatch)
     top[0, 1, 0, 4], top[0, 1, 0, 3] = 0.3, 0.3
     asked = []
 
-    def probabilities(model, idx, last=None):
-        asked.append((model, idx, last))
-        return [torch.full_like(top, 1 / 8), top]
+    def model(idx, last=None, attention=None):  # every layer's probabilities, the top one's last rows
+        asked.append((idx, last))
+        attention += [torch.full((2, 2, 8, 8), 1 / 8), top]
 
-    monkeypatch.setattr(reach, "attention_probabilities", probabilities)
     idx = torch.zeros(2, 8, dtype=torch.long)
-    assert reach.needle_attention("model", idx, start=2, width=2, rows=3) == pytest.approx(0.5)
-    assert asked == [("model", idx, 3)]
+    assert needle_attention(model, idx, start=2, width=2, rows=3) == pytest.approx(0.5)
+    assert asked == [(idx, 3)]
 
 
 def test_needle_attention_and_the_last_rows_of_a_real_model():
     """On a 3-layer model: ``attention_probabilities(last=r)`` gives the full probabilities'
-    last r query rows of every layer, and ``needle_attention`` reads the top (third) layer's."""
+    last r query rows of every layer, and ``posenc.retrieval.needle_attention`` reads the top
+    (third) layer's."""
     torch.manual_seed(0)
     model = build_model(compose(["encoding=alibi", "model=micro", "task=lm", "model.n_layers=3"]), 260).eval()
     idx = torch.randint(4, 260, (2, 16))
@@ -169,7 +171,7 @@ def test_needle_attention_and_the_last_rows_of_a_real_model():
         assert p.shape == (2, model.cfg.n_heads, 5, 16)
         torch.testing.assert_close(p, f[:, :, -5:], rtol=1e-5, atol=1e-6)
     want = full[2][:, :, -5:, 4:7].sum(-1).mean((0, 2)).max()
-    assert reach.needle_attention(model, idx, start=4, width=3, rows=5) == pytest.approx(float(want), rel=1e-5)
+    assert needle_attention(model, idx, start=4, width=3, rows=5) == pytest.approx(float(want), rel=1e-5)
     assert not math.isclose(float(full[1][:, :, -5:, 4:7].sum(-1).mean((0, 2)).max()), float(want), rel_tol=1e-3)
 
 

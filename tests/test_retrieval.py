@@ -280,7 +280,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
     import json
 
     from pipelines import study
-    from pipelines.retrieval import score_cells
+    from posenc.retrieval import score_cells
 
     common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
               "model.d_model=16 model.n_heads=2 trainer.enable_progress_bar=false trainer.enable_model_summary=false "

@@ -18,7 +18,7 @@ from . import CONFIG_DIR
 from .errors import ConfigError
 from .model import ModelConfig, ModelSize, Transformer
 from .ranges import Range
-from .tasks import build as build_task
+from .taskbase import build as build_task
 
 #: conf/model/*.yaml extend this schema, so a wrong type fails at composition, naming the key
 ConfigStore.instance().store(group="schema", name="model", node=ModelSize)

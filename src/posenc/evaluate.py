@@ -329,19 +329,19 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if s.device == "auto" else s.device
     res = resolve_checkpoint(ref, s.which, s.runs_dir, s.tracking_uri)
     # with an extension: the same weights, the scheme scaled past the training length
-    cfg, vocab, module = open_run(res.path, device, s.extension)
-    train_len = int(cfg["data"]["seq_len"])
+    run, module = open_run(res.path, device, s.extension)
+    train_len = run.train_len
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
-    tokens = run_data(cfg, s.data_dir, s.cache_dir, vocab).tokens(s.split)
+    tokens = run_data(run.cfg, s.data_dir, s.cache_dir, run.vocab_size).tokens(s.split)
     rows = evaluate_model(
         module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device, s.progress
     )
     base = {
-        "scheme": cfg["encoding"]["name"] + (f"+{s.extension}" if s.extension else ""),
+        "scheme": run.label(s.extension),
         "extension": s.extension or "",
-        "seed": cfg.get("seed"),
+        "seed": run.seed,
         "train_len": train_len,
-        "corpus": cfg["data"]["corpus"]["name"],
+        "corpus": run.corpus,
         "split": s.split,
         "run_id": res.run_id,
         "checkpoint": portable_path(res.path),
@@ -353,7 +353,7 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
         if res.run_id is None:
             log.warning("no MLflow run known for %s: results not logged to MLflow", res.path)
         else:
-            uri = s.tracking_uri or res.tracking_uri or (cfg.get("logger") or {}).get("tracking_uri")
+            uri = s.tracking_uri or res.tracking_uri or run.tracking_uri
             uri = uri or default_tracking_uri()
             n = next((r["n_tokens"] for r in rows if r["n_tokens"]), 0)
             tags = {"extrapolation.split": s.split, "extrapolation.n_tokens": n,

@@ -15,7 +15,7 @@ from torchmetrics.text import Perplexity
 
 from .model import Transformer
 from .targets import IGNORE
-from .tasks import Task
+from .taskbase import Task
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

@@ -18,10 +18,15 @@ sees what an uninterrupted one would, and the evaluation grid
 Exact match under teacher forcing equals exact match of greedy decoding: if
 every answer digit is the argmax given the true digits before it, greedy
 decoding emits the same digits.
+
+A trained run's grid (lengths x needle depths) is scored cell by cell (``score_cells``: what
+a study's workers run, and ``python -m pipelines.retrieval`` for any run folder), then written
+beside the run and logged to its MLflow run (``finish_grid``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,3 +323,91 @@ def write_rows(rows: Sequence[dict], path, columns: Sequence[str] = GRID_COLUMNS
 
     df = pd.DataFrame(list(rows), columns=list(columns))
     return write_text(path, df.to_csv(index=False, lineterminator="\n"))
+
+
+# ------------------------------------------------------------------ a trained run's grid
+@torch.no_grad()
+def needle_attention(model, idx: torch.Tensor, start: int, width: int, rows: int) -> float:
+    """How much the top layer looks at a needle: the probability mass the last ``rows``
+    query rows (a retrieval window's answer) put on positions ``start`` .. ``start +
+    width - 1`` (its key and value), averaged over those rows and the windows ``idx``
+    (B, T), for the head that puts the most there. 1: that head reads the needle alone;
+    under uniform attention it is about width / T. The probabilities are the model's own,
+    from one forward that computes the top layer for those rows alone
+    (``Transformer.forward(last=, attention=)``)."""
+    probs: list[torch.Tensor] = []
+    model(idx, last=rows, attention=probs)
+    top = probs[-1]  # (B, H, rows, T)
+    return float(top[..., start : start + width].sum(-1).mean((0, 2)).max())
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(run_dir: str, extension: str | None, base_len: int | None, device: str = "cpu"):
+    """(model, task, row labels) of a trained run on ``device``, kept by a worker for the
+    cells that follow.
+
+    ``base_len``: the L of the grid's multiples and of the rule's original length
+    (a run fine-tuned at 4L is scored on the lengths of the run it came from)."""
+    from .runs import open_run, resolve_checkpoint, run_data
+
+    res = resolve_checkpoint(run_dir, "last")
+    run, module = open_run(res.path, device, extension, base_len)
+    dm = run_data(run.cfg, vocab_size=run.vocab_size)
+    labels = {"scheme": run.label(extension), "extension": extension or "", "seed": run.seed,
+              "train_len": base_len or run.train_len, "run_id": res.run_id}
+    return module.model, Task(dm.prepared, run.task.digits, 1), labels
+
+
+def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, extension: str | None = None,
+                base_len: int | None = None, extra: dict | None = None, device: str = "cpu") -> list[dict]:
+    """Grid rows of a trained run on the given (length, depth) cells (with a
+    context-extension rule switched on past L), on ``device``; ``extra`` replaces row
+    labels (a fine-tuned run's scheme and extension). ``settings``: ``trial_seed``,
+    ``trials`` and ``attention_trials``. A cell's row is the same whichever cells share
+    the call (its trials are drawn from the cell and the trial seed alone): the study
+    scores a grid a cell per job on its pool, and a whole grid per submitit job; on the
+    first ``attention_trials`` it measures how much the top layer looks at the needle
+    (``needle_attention``)."""
+    model, task, labels = _loaded(str(run_dir), extension, base_len, device)
+    filler, seed = task.filler("validation"), settings["trial_seed"]
+    rows = []
+    for length, depth in cells:
+        (row,) = evaluate_grid(model, filler, task.sym, [length], [depth], digits=task.digits, seed=seed,
+                               trials=settings["trials"], device=device)
+        row["needle_attention"] = math.nan
+        if row["trials"] and settings["attention_trials"]:
+            idx = torch.stack([trial(filler, task.sym, length, depth, task.digits, seed, i)[0]
+                               for i in range(settings["attention_trials"])])
+            start = round(depth * Layout(length, 1, task.digits).filler)  # the needle's key
+            row["needle_attention"] = needle_attention(model, idx.to(device), start, 1 + task.digits, task.digits)
+        rows.append(row)
+    L = labels["train_len"]
+    return [{**labels, **(extra or {}), "multiple": r["length"] // L, **r} for r in rows]
+
+
+def log_grid(rows: list[dict], run_id: str | None, uri: str, extension: str | None, files: list[Path]) -> None:
+    """MLflow metrics of a run's grid: mean over depths at step = length."""
+    if run_id is None:
+        return
+    import pandas as pd
+
+    from . import tracking
+
+    tail = f"_{extension}" if extension else ""
+    means = pd.DataFrame(rows).groupby("length")[["exact_match", "digit_acc"]].mean().dropna()  # n/a lengths
+    c = tracking.client(uri)
+    tracking.log_curves(c, run_id, {f"retrieval/{k}{tail}": list(means[k].items()) for k in means.columns})
+    tracking.log_files(c, run_id, files, "retrieval")
+
+
+def finish_grid(rows: list[dict], uri: str, run_dir: str, extension: str | None = None) -> tuple[list[dict], str]:
+    """A run's whole grid, sorted by (length, depth): written beside the run
+    (``retrieval[-<rule>].csv``, the zero-shot rule it was scored with) and logged
+    to its MLflow run; returns the rows and a line of progress (the exact match at L)."""
+    from .runs import RunFolder
+
+    rows = sorted(rows, key=lambda r: (r["length"], r["depth"]))
+    path = write_rows(rows, RunFolder(run_dir).grid(extension))
+    log_grid(rows, rows[0]["run_id"], uri, extension, [path])
+    at_l = [r["exact_match"] for r in rows if r["multiple"] == 1]
+    return rows, f"{rows[0]['scheme']} s{rows[0]['seed']} retrieval grid: exact match at L {100 * sum(at_l) / len(at_l):.1f}%"

@@ -3,11 +3,14 @@ was trained on.
 
 ``RunFolder`` is the one place that names what a run folder holds (``run.json``,
 ``config.yaml``, ``metrics.json``, ``checkpoints/last.ckpt``, grids beside the run);
-every writer and reader of a run folder goes through it. Every reader of checkpoints goes through here: training's resume (``load_state``),
-the extrapolation evaluation and the heatmaps (``load_module``). Both load with
-``weights_only=True`` and turn a missing, truncated or foreign file into one
-``ConfigError`` that says what to do. ``run_data`` is the one way to rebuild a
-run's data (its tokenizer and splits) from the config stored in its checkpoint.
+every writer and reader of a run folder goes through it. Every reader of checkpoints goes
+through here, and no other module calls ``torch.load``: training's resume (``load_state``), the
+evaluations, the heatmaps and the bucket census (``open_run``, ``load_module``, ``weights``). All
+load with ``weights_only=True`` and turn a missing, truncated or foreign file into one
+``ConfigError`` that says what to do. ``StoredRun`` is what a run stores of itself (its config,
+vocabulary size and identity), read by name: its training length L, scheme, task, seed and
+corpus, in one place. ``run_data`` is the one way to rebuild a run's data (its tokenizer and
+splits) from the config stored in its checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +106,11 @@ def load_state(path: str | os.PathLike, mmap: bool = False) -> dict:
         ) from e
 
 
+def weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model's weights in a checkpoint (its ``state_dict``), on the CPU, read with ``load_state``."""
+    return load_state(path)["state_dict"]
+
+
 def load_module(path: str | os.PathLike, device: str | torch.device = "cpu", scheme_settings: dict | None = None):
     """The LMModule of a checkpoint, in eval mode on ``device`` (see ``module_from_state``)."""
     return module_from_state(load_state(path), path, device, scheme_settings)
@@ -120,18 +129,17 @@ def module_from_state(
 
     from .config import build_model
     from .module import LMModule
-    from .tasks import build as build_task
 
-    hp = stored_run(state, path)
-    cfg = copy.deepcopy(hp["cfg"])
+    run = StoredRun.read(state, path)
+    cfg = copy.deepcopy(run.cfg)
     cfg["encoding"]["scheme"].update(scheme_settings or {})
     try:
-        model = build_model(cfg, hp["vocab_size"])
+        model = build_model(cfg, run.vocab_size)
     except TypeError as e:  # an argument the scheme does not take
         raise ConfigError(
-            f"encoding {cfg['encoding']['name']} does not take the settings {sorted(scheme_settings or {})} ({e})"
+            f"encoding {run.scheme} does not take the settings {sorted(scheme_settings or {})} ({e})"
         ) from e
-    module = LMModule(model, build_task(cfg["task"]), cfg["optim"], cfg["data"]["seq_len"])
+    module = LMModule(model, run.task, cfg["optim"], run.train_len)
     try:
         module.load_state_dict(state["state_dict"])
     except RuntimeError as e:  # written by a version of posenc whose model had other parameters
@@ -156,18 +164,78 @@ def stored_run(state: dict, path: str | os.PathLike) -> dict:
     return hp
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as posenc training stores it in its checkpoints (``RECORD``): its resolved config
+    (``cfg``), vocabulary size and identity, and what its readers ask of them, by name. ``read``
+    takes a loaded checkpoint; ``StoredRun(cfg)`` of a composed config (a DictConfig) answers
+    the same of a run about to be trained (a study's job, before its run exists)."""
+
+    cfg: Mapping[str, Any]
+    vocab_size: int | None = None
+    identity: dict | None = None
+
+    @classmethod
+    def read(cls, state: dict, path: str | os.PathLike) -> StoredRun:
+        """The run recorded in a loaded checkpoint ``state`` (read from ``path``; ``stored_run``)."""
+        hp = stored_run(state, path)
+        return cls(hp["cfg"], int(hp["vocab_size"]), hp.get("identity"))
+
+    @property
+    def train_len(self) -> int:
+        """L, the training window (``data.seq_len``)."""
+        return int(self.cfg["data"]["seq_len"])
+
+    @property
+    def scheme(self) -> str:
+        """The encoding's name (``encoding.name``)."""
+        return str(self.cfg["encoding"]["name"])
+
+    def label(self, extension: str | None = None) -> str:
+        """How rows name the run's scheme: ``rope``, or ``rope+yarn`` with a context-extension rule."""
+        return self.scheme + (f"+{extension}" if extension else "")
+
+    @property
+    def seed(self) -> int | None:
+        return self.cfg.get("seed")
+
+    @property
+    def run_name(self) -> str | None:
+        return self.cfg.get("run_name")
+
+    @property
+    def corpus(self) -> str:
+        """The corpus's name (``data.corpus.name``)."""
+        return str(self.cfg["data"]["corpus"]["name"])
+
+    @property
+    def task_name(self) -> str:
+        return str(self.cfg["task"]["name"])
+
+    @property
+    def task(self):
+        """The run's task object (``posenc.taskbase.build`` of its task config)."""
+        from .taskbase import build
+
+        return build(self.cfg["task"])
+
+    @property
+    def tracking_uri(self) -> str | None:
+        """The MLflow store the run logged to, when it logged to one."""
+        return (self.cfg.get("logger") or {}).get("tracking_uri")
+
+
 def open_run(path: str | os.PathLike, device: str | torch.device = "cpu", extension: str | None = None,
-             original_len: int | None = None) -> tuple[dict, int, Any]:
-    """(resolved config, vocabulary size, LMModule in eval mode) of the checkpoint at ``path``:
-    ``load_state``, ``stored_run`` and ``module_from_state`` in one. ``extension``: a context-
-    extension rule (``encoding.scheme.scaling``) switched on past ``original_len`` (default:
-    the run's training length)."""
+             original_len: int | None = None) -> tuple[StoredRun, Any]:
+    """(the stored run, its LMModule in eval mode) of the checkpoint at ``path``: ``load_state``,
+    ``StoredRun.read`` and ``module_from_state`` in one. ``extension``: a context-extension rule
+    (``encoding.scheme.scaling``) switched on past ``original_len`` (default: the run's training
+    length)."""
     state = load_state(path)
-    recorded = stored_run(state, path)
-    cfg = recorded["cfg"]
-    L = original_len or int(cfg["data"]["seq_len"])
+    run = StoredRun.read(state, path)
+    L = original_len or run.train_len
     module = module_from_state(state, path, device, {"scaling": extension, "original_len": L} if extension else None)
-    return cfg, int(recorded["vocab_size"]), module
+    return run, module
 
 
 def run_info(ckpt: Path) -> dict:
@@ -284,7 +352,7 @@ def run_data(
         corpus["root"] = str(data_dir)
     if cache_dir:
         data["cache_dir"] = str(cache_dir)
-    from .tasks import build
+    from .taskbase import build
 
     data.pop("task", None)  # runs made when the data config held a copy of the task
     task = build(cfg["task"]) if cfg.get("task") is not None else None

@@ -20,109 +20,33 @@ A task owns four things, and the code around it asks it rather than its name:
 
 Adding a task: a subclass (here or in any module Hydra can import) and a YAML in
 ``conf/task/`` whose ``_target_`` names it, with ``name``, ``causal`` and ``cls``
-(``tests/test_tasks.py`` adds one that way).
+(``tests/test_tasks.py`` adds one that way). A task whose runs a study scores further says
+where the rows go (``results``, ``suffixes``: its study outputs, ``outputs``, which dvc.yaml
+lists) and how they are written (``write``).
+
+The base class, ``build`` and the shapes of a study's jobs (``Call``, ``FollowUp``: functions,
+imported by name) live in ``posenc.taskbase``, below the code that loads a trained run
+(``posenc.runs``), which needs a task; this module, which hands trained runs to the code that
+scores them (``posenc.evaluate``, ``posenc.retrieval``), sits above it and re-exports them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .taskbase import Call, FollowUp, Task, _keys, _known, build, multipliers
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from .retrieval import Layout
 
-
-class Task:
-    """What every task shares: next-token windows, every token scored, validation alone (a
-    study keeps what validation logs and scores nothing more). ``CausalLM`` is this and the
-    perplexity at every length."""
-
-    #: how a report names the task (``title``); a subclass without one is named by its config's name
-    TITLE: str | None = None
-    #: validation reports token accuracy over the scored targets
-    accuracy: bool = False
-    #: validation reports exact match: the share of windows whose every scored target is the argmax
-    exact_match: bool = False
-    #: a study starts the runs of its dearer tasks first, so that the cores stay busy to the end
-    cost: int = 1
-    #: the folder of a study's results that the rows of its runs' evaluation go to, a file per
-    #: scheme (``<results>/<scheme>.csv``); None: a run is scored by its validation alone
-    results: str | None = None
-    #: how a study writes those rows (a dotted path of ``fn(rows, path)``) and the columns it sorts
-    #: them by first (empty: in the order of the runs' seeds)
-    writer: str | None = None
-    row_order: tuple[str, ...] = ()
-
-    def __init__(self, name: str, causal: bool = True, cls: bool = False, **settings: Any):
-        self.name, self.causal, self.cls = str(name), bool(causal), bool(cls)
-        self.settings = settings
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
-
-    def title(self) -> str:
-        """How a report names the task: its class's ``TITLE`` (not inherited), else its name."""
-        return vars(type(self)).get("TITLE") or self.name
-
-    def dataset(self, dm, windows: Dataset, split: str) -> Dataset:
-        """The examples of ``split`` made from the DataModule's ``windows`` (``dm``: the
-        ``posenc.data.LMDataModule``, prepared)."""
-        return windows
-
-    def scored_suffix(self, seq_len: int) -> int | None:
-        """How many positions at the end of a window hold every scored target; None: any."""
-        return None
-
-    def validated(self) -> list[str]:
-        """The metrics validation logs (a criterion may stop a run on any of them)."""
-        return ["val/loss", "val/ppl"] + ["val/acc"] * self.accuracy + ["val/exact"] * self.exact_match
-
-    def kept(self) -> list[str]:
-        """What a study keeps of each run: the validation metrics, the same on the test split,
-        the steps trained and the step a criterion was met at."""
-        val = self.validated()
-        return [*val, *(m.replace("val/", "test/", 1) for m in val), "global_step", "criterion_step"]
-
-    def check(self, cfg) -> None:
-        """Raise ConfigError when the run's settings (``cfg``, the composed config) cannot work."""
-
-    # ----------------------------------------------------------------- its part of a study
-
-    def run_overrides(self, spec: Mapping) -> list[str]:
-        """The Hydra overrides of a study's runs of this task, from its entry in the params
-        file (``check_spec`` has checked it): window, batch, steps, validation interval, the
-        criterion a run may stop at, then the entry's own overrides."""
-        T, crit = spec["seq_len"], spec.get("criterion")
-        return [f"data.seq_len={T}", f"model.max_len={T}", f"data.batch_size={spec['batch_size']}",
-                f"trainer.max_steps={spec['steps']}", f"trainer.val_check_interval={spec['validate_every']}",
-                *([f"criterion.metric={crit['metric']}", f"criterion.value={crit['value']}"] if crit else []),
-                *shlex.split(spec.get("overrides") or "")]  # fmt: skip
-
-    def evaluate(self, scored: list[dict], spec: Mapping) -> tuple[list[Call], list[FollowUp]]:
-        """What a study does with a trained run: calls made at once, in the run's own job, each
-        giving rows, and follow-up jobs for the executor. ``scored``: the run and its variants
-        (``run_dir``; ``rule``, a zero-shot context-extension rule; ``label``, the row labels of a
-        fine-tuned run; ``base_len``, L; ``device``). Here: nothing beyond validation."""
-        return [], []
-
-    def check_evaluate(self, name: str, evaluate: Mapping) -> None:
-        """Refuse an entry's ``evaluate`` settings this task cannot score with (here: any, ``{}``)."""
-        _known(name, evaluate, set())
-
-    def refusal(self, scheme: type) -> str | None:
-        """Why a scheme class cannot take part in this task, or None when it can."""
-        if getattr(scheme, "causal_only", False) and not self.causal:
-            return (f"{scheme.__name__} is defined for causal attention only, and task={self.name} is "
-                    "bidirectional")
-        return None
+__all__ = ["Call", "CausalLM", "FollowUp", "MaskedLM", "Retrieval", "STUDY_KEYS", "Task", "build", "check_spec", "load",
+           "misfits", "multipliers", "seeds"]
 
 
 class CausalLM(Task):
@@ -130,13 +54,21 @@ class CausalLM(Task):
 
     TITLE = "the causal LM"
     results = "extrapolation"
-    writer = "posenc.evaluate.write_results"
+    suffixes = ("csv", "json")
 
     def evaluate(self, scored: list[dict], spec: Mapping) -> tuple[list[Call], list[FollowUp]]:
         """Perplexity of each of ``scored`` at every multiple of L in ``spec['multipliers']``
         (``posenc.evaluate.rows_at_lengths``), in the run's own job."""
-        return [Call("posenc.evaluate.rows_at_lengths", {**run, "multipliers": multipliers(spec),
-                                                         "max_tokens": spec.get("max_tokens")}) for run in scored], []
+        from .evaluate import rows_at_lengths  # torch: imported in the job that scores the run
+
+        return [Call(rows_at_lengths, {**run, "multipliers": multipliers(spec), "max_tokens": spec.get("max_tokens")})
+                for run in scored], []
+
+    def write(self, rows: list[dict], path) -> None:
+        """The rows as ``<scheme>.csv`` and ``<scheme>.json`` (``posenc.evaluate.write_results``)."""
+        from .evaluate import write_results
+
+        write_results(rows, path)
 
     def check_evaluate(self, name: str, evaluate: Mapping) -> None:
         """``multipliers`` (of L) are needed; ``max_tokens`` and ``extensions`` are taken."""
@@ -172,7 +104,7 @@ class Retrieval(Task):
     accuracy = True
     exact_match = True
     results = "retrieval"
-    writer = "posenc.retrieval.write_rows"  # a header alone without rows
+    suffixes = ("csv",)
     row_order = ("scheme", "seed", "length", "depth")  # the grids finish in any order
     cost = 2  # trained to a criterion, then its grid
 
@@ -211,8 +143,8 @@ class Retrieval(Task):
     def evaluate(self, scored: list[dict], spec: Mapping) -> tuple[list[Call], list[FollowUp]]:
         """Nothing at once: each of ``scored`` leaves its exact-match grid, lengths (the
         multiples of L, the longest and dearest first) x needle depths, a cell per job
-        (``pipelines.retrieval.score_cells``; ``finish_grid`` writes and logs the whole grid)."""
-        from .retrieval import DEPTHS
+        (``posenc.retrieval.score_cells``; ``finish_grid`` writes and logs the whole grid)."""
+        from .retrieval import DEPTHS, finish_grid, score_cells
 
         grid = {"trial_seed": 0, "trials": int(spec["trials"]), "attention_trials": int(spec["attention_trials"])}
         follow = []
@@ -220,11 +152,17 @@ class Retrieval(Task):
             L = run["base_len"]
             cells = [(m * L, d) for m in sorted(multipliers(spec), reverse=True) for d in DEPTHS]
             follow.append(FollowUp(
-                f"grid{i}", "pipelines.retrieval.score_cells", [[c] for c in cells],
+                f"grid{i}", score_cells, [[c] for c in cells],
                 {"run_dir": run["run_dir"], "settings": grid, "extension": run["rule"], "base_len": L,
                  "extra": run["label"], "device": run["device"]},
-                "pipelines.retrieval.finish_grid", {"run_dir": run["run_dir"], "extension": run["rule"]}))
+                finish_grid, {"run_dir": run["run_dir"], "extension": run["rule"]}))
         return [], follow
+
+    def write(self, rows: list[dict], path) -> None:
+        """The grid's rows as ``<scheme>.csv``, a header alone without rows (``posenc.retrieval.write_rows``)."""
+        from .retrieval import write_rows
+
+        write_rows(rows, path)
 
     def check_evaluate(self, name: str, evaluate: Mapping) -> None:
         """The grid needs ``multipliers``, ``trials`` per cell and ``attention_trials`` (of
@@ -241,30 +179,6 @@ class Retrieval(Task):
 SPLIT_OFFSET = {"train": 0, "validation": 1, "test": 2}
 
 
-class Call(NamedTuple):
-    """A call a run's own job makes after training (``Task.evaluate``): ``path`` (dotted, resolved
-    in that process) with ``kwargs``, giving rows."""
-
-    path: str
-    kwargs: dict
-
-
-@dataclasses.dataclass
-class FollowUp:
-    """Jobs a trained run leaves for the study's executor (``Task.evaluate``): ``call(cells=part,
-    **kwargs)`` for each of ``parts``, a job each (a list of them as one job where a job pays a
-    start-up: parts are lists, joined), giving rows; then ``finish(rows, uri, **finish_kwargs)`` on
-    all of them, giving the rows to keep and a line of progress. ``call`` and ``finish`` are
-    dotted paths (resolved in the process that runs them)."""
-
-    name: str
-    call: str
-    parts: list[list]
-    kwargs: dict
-    finish: str
-    finish_kwargs: dict
-
-
 #: the keys of a task's entry in the params file's ``tasks:`` mapping, the same for every task
 STUDY_KEYS = {
     "seeds": "the seeds of its runs (a string: \"0 1 2\")",
@@ -276,27 +190,6 @@ STUDY_KEYS = {
     "overrides": "Hydra overrides of its runs only (one string)",
     "evaluate": "what a trained run is scored with (the Task class's evaluate says which keys)",
 }
-
-
-def _known(name: str, evaluate: Mapping, allowed: set[str], need: set[str] = frozenset()) -> None:
-    """Refuse unknown or missing keys of a task entry's ``evaluate`` mapping."""
-    _keys(f"tasks: {name}: evaluate:", set(evaluate), allowed, need, f"this task takes {', '.join(sorted(allowed)) or 'none: {}'}")
-    if "multipliers" in need and (not multipliers(evaluate) or min(multipliers(evaluate)) < 1):
-        raise ConfigError(f"tasks: {name}: evaluate: multipliers must be whole numbers at least 1, e.g. \"1 2 4\"")
-
-
-def _keys(where: str, have: set, allowed: set, need: set, hint: str) -> None:
-    """Refuse keys outside ``allowed`` or missing from ``need``, in one line that ends with ``hint``."""
-    missing, extra = set(need) - have, have - set(allowed)
-    if missing or extra:
-        raise ConfigError(f"{where} " + "; ".join(
-            [f"lacks {', '.join(sorted(missing))}"] * bool(missing) + [f"has no key {', '.join(sorted(extra))}"] * bool(extra))
-            + f" ({hint})")
-
-
-def multipliers(spec: Mapping) -> list[int]:
-    """The multiples of L a task's entry scores its runs at (``evaluate: multipliers``)."""
-    return [int(m) for m in str(spec.get("multipliers") or "").split()]
 
 
 def seeds(spec: Mapping) -> list[int]:
@@ -322,25 +215,6 @@ def check_spec(name: str, spec: Mapping) -> None:
         multipliers(spec["evaluate"])
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"{where} {e}") from None
-
-
-def build(task) -> Task:
-    """The task object of a task config (``cfg.task``: a mapping with ``_target_``), or the
-    object itself."""
-    if isinstance(task, Task):
-        return task
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    conf = OmegaConf.create(OmegaConf.to_container(task, resolve=True) if OmegaConf.is_config(task) else dict(task))
-    if "_target_" not in conf:  # the config of a run made before tasks were classes: its objective
-        known = {"causal": CausalLM, "mlm": MaskedLM, "retrieval": Retrieval}
-        if conf.get("objective") not in known:
-            raise ConfigError(f"task={conf.get('name')}: its config names no class (_target_); every "
-                              "conf/task/<name>.yaml says which posenc.tasks class it is")
-        cls = known[conf.pop("objective")]
-        conf["_target_"] = f"{cls.__module__}.{cls.__qualname__}"
-    return instantiate(conf, _convert_="all")
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,75 +28,90 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return ticks
 
 
-def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _per_round(res: dict[str, Any]):
+    """posenc's per-round step time over none's in the same round: (scheme, T, ratio) rows, the dots."""
     import pandas as pd
-    import seaborn as sns
 
-    rows = [r for r in res["summary"] if r["impl"] == POSENC and r.get("step_ratio") is not None]
-    if not rows:
-        return []
-    df = pd.DataFrame(rows)
-    order = list(dict.fromkeys(df["scheme"]))
-    # per-round paired ratios as dots
     base = {(r["T"], r["round"]): r["train_s"] for r in res["raw"] if r["impl"] == POSENC and r["scheme"] == "none"}
-    dots = pd.DataFrame(
+    return pd.DataFrame(
         [
             {"scheme": r["scheme"], "T": r["T"], "ratio": r["train_s"] / base[(r["T"], r["round"])]}
             for r in res["raw"]
             if r["impl"] == POSENC and (r["T"], r["round"]) in base
         ]
     )
+
+
+def _panels(df) -> list[tuple[str, str]]:
+    """(column, axis label) of each panel: the step ratio, and the FLOP efficiency and the memory
+    ratio where they were measured."""
     panels = [("step_ratio", "training-step time / none")]
     if "flop_efficiency" in df and df["flop_efficiency"].notna().any():
         panels.append(("flop_efficiency", "step / none ÷ FLOP share"))
     if "mem_ratio" in df and df["mem_ratio"].notna().any():
         panels.append(("mem_ratio", "peak training memory / none"))
+    return panels
+
+
+def _memory_axis(ax, values) -> None:
+    """A log axis over the memory ratios ``values``, 1 and the target, with readable ticks (``log_ticks``)."""
+    import matplotlib.ticker
+
+    ax.axhline(TARGET_MEM, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM}× (no value term)")
+    ax.set_yscale("log")
+    vals = [v for v in values if v > 0] + [1.0, TARGET_MEM]
+    lo, hi = min(min(vals) / 1.15, 0.8), max(vals) * 1.15
+    ax.set_ylim(lo, hi)
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(log_ticks(lo, hi)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _panel(ax, df, dots, order: list[str], col: str, label: str) -> None:
+    """One panel: bars of ``col`` per scheme, a hue per T, with its target line (and, for the
+    step ratio, the per-round ratios as dots); the legend outside the axes, to the right."""
+    import seaborn as sns
+
+    sns.barplot(data=df, x="scheme", y=col, hue="T", order=order, palette="viridis", ax=ax)
+    if col == "step_ratio" and not dots.empty:
+        sns.stripplot(data=dots, x="scheme", y="ratio", hue="T", order=order, dodge=True, palette="dark:k", size=3,
+                      ax=ax, legend=False)
+        ax.axhline(TARGET_STEP_CHEAP, ls="--", c="tab:orange", lw=1, label=f"{TARGET_STEP_CHEAP}× (ALiBi, T5, KERPLE)")
+    if col == "flop_efficiency":
+        ax.axhline(TARGET_FLOP_EFFICIENCY, ls="--", c="tab:orange", lw=1,
+                   label=f"{TARGET_FLOP_EFFICIENCY}× (every scheme)")
+    if col == "mem_ratio":
+        _memory_axis(ax, df[col].dropna())
+    ax.axhline(1.0, c="k", lw=0.8)
+    ax.set_ylabel(label)
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=35)
+    for t in ax.get_xticklabels():
+        t.set_ha("right")
+    # outside the axes, to the right: it covers no bar, dot or target line
+    ax.legend(title="T", fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def plot(res: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``bench.png`` and ``bench.svg`` in ``out_dir`` from a benchmark's summary: a panel per
+    ratio (``_panels``); nothing when no posenc row has a step ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    rows = [r for r in res["summary"] if r["impl"] == POSENC and r.get("step_ratio") is not None]
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    order = list(dict.fromkeys(df["scheme"]))
+    dots = _per_round(res)
+    panels = _panels(df)
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 0.75 * len(order) + 2), 3.6 * len(panels)), squeeze=False)
     for ax, (col, label) in zip(axes[:, 0], panels, strict=True):
-        sns.barplot(data=df, x="scheme", y=col, hue="T", order=order, palette="viridis", ax=ax)
-        if col == "step_ratio" and not dots.empty:
-            sns.stripplot(
-                data=dots,
-                x="scheme",
-                y="ratio",
-                hue="T",
-                order=order,
-                dodge=True,
-                palette="dark:k",
-                size=3,
-                ax=ax,
-                legend=False,
-            )
-            ax.axhline(TARGET_STEP_CHEAP, ls="--", c="tab:orange", lw=1,
-                       label=f"{TARGET_STEP_CHEAP}× (ALiBi, T5, KERPLE)")
-        if col == "flop_efficiency":
-            ax.axhline(TARGET_FLOP_EFFICIENCY, ls="--", c="tab:orange", lw=1,
-                       label=f"{TARGET_FLOP_EFFICIENCY}× (every scheme)")
-        if col == "mem_ratio":
-            ax.axhline(TARGET_MEM, ls="--", c="tab:orange", lw=1, label=f"{TARGET_MEM}× (no value term)")
-            ax.set_yscale("log")
-            vals = [v for v in df[col].dropna() if v > 0] + [1.0, TARGET_MEM]
-            lo, hi = min(min(vals) / 1.15, 0.8), max(vals) * 1.15
-            ax.set_ylim(lo, hi)
-            ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(log_ticks(lo, hi)))
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.axhline(1.0, c="k", lw=0.8)
-        ax.set_ylabel(label)
-        ax.set_xlabel("")
-        ax.tick_params(axis="x", rotation=35)
-        for t in ax.get_xticklabels():
-            t.set_ha("right")
-        # outside the axes, to the right: it covers no bar, dot or target line
-        ax.legend(
-            title="T", fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False
-        )
+        _panel(ax, df, dots, order, col, label)
     meta = res["meta"]
     axes[0, 0].set_title(
         f"posenc, model {_model_label(meta['settings']).replace('`', '')}, {meta['dtype']}, {meta['device_name']} "

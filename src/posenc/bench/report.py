@@ -73,95 +73,126 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> float | None:
     return statistics.median(common) if common else None
 
 
-def summarize(res: dict[str, Any], s: BenchSettings) -> list[dict[str, Any]]:
-    model_cfg = s.model
+def _times(res: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, dict[int, float]]]:
+    """{(impl, scheme, T): {"train": {round: seconds}, "eval": {round: seconds}}} of the raw rounds."""
     times: dict[tuple[str, str, int], dict[str, dict[int, float]]] = {}
     for r in res["raw"]:
         t = times.setdefault((r["impl"], r["scheme"], r["T"]), {"train": {}, "eval": {}})
         t["train"][r["round"]] = r["train_s"]
         t["eval"][r["round"]] = r["eval_s"]
-    mem = {(m["impl"], m["scheme"], m["T"]): m for m in res["memory"]}
-    fl = {(f["impl"], f["scheme"], f["T"]): f for f in res["flops"]}
-    peak = res["peak"]["flops_per_s"]
-    L = model_cfg["n_layers"]
+    return times
+
+
+def _class(res: dict[str, Any], impl: str, sch: str) -> str:
+    return res["classes"].get(f"{impl}:{sch}", "x-transformers" if impl == XT else "?")
+
+
+def _timed_row(res: dict[str, Any], s: BenchSettings, key: tuple[str, str, int], t: dict) -> dict[str, Any]:
+    """A measured (impl, scheme, T)'s times and throughput: the best and the median of its rounds."""
+    impl, sch, T = key
+    B = s.batch(T)
+    tokens = B * T
+    tr, ev = list(t["train"].values()), list(t["eval"].values())
+    return {
+        "impl": impl,
+        "scheme": sch,
+        "class": _class(res, impl, sch),
+        "T": T,
+        "batch": B,
+        "tokens": tokens,
+        "rounds": len(tr),
+        "train_s_min": min(tr),
+        "train_s_median": statistics.median(tr),
+        "eval_s_min": min(ev),
+        "eval_s_median": statistics.median(ev),
+        "train_tok_s": tokens / min(tr),
+        "eval_tok_s": tokens / min(ev),
+    }
+
+
+def _against_none(row: dict[str, Any], t: dict, base: dict | None, m: dict | None, m0: dict | None) -> None:
+    """Step, evaluation and memory ratios of a row to ``none``'s at the same length (``base``
+    its times, ``m`` and ``m0`` the memory of the row's scheme and of none)."""
+    if base:
+        row["step_ratio"] = _ratio(min(t["train"].values()), min(base["train"].values()))
+        row["step_ratio_paired_median"] = _paired(t["train"], base["train"])
+        row["eval_ratio"] = _ratio(min(t["eval"].values()), min(base["eval"].values()))
+        row["eval_ratio_paired_median"] = _paired(t["eval"], base["eval"])
+    if m:
+        row["mem_train_bytes"] = m["train_peak"]
+        if m0:
+            row["mem_ratio"] = _ratio(m["train_peak"], m0["train_peak"])
+
+
+def _flop_rates(row: dict[str, Any], s: BenchSettings, best: float, f: dict | None, f0: dict | None,
+                peak: float) -> None:
+    """Counted FLOPs (``f``; ``f0``: none's) and PaLM's estimate over a row's best step time
+    ``best``, as rates and as fractions of the matmul ``peak``."""
+    if f and f.get("train"):
+        row["flops_train"] = f["train"]
+        row["flops_eval"] = f["eval"]
+        row["train_flops_per_s"] = f["train"] / best
+        row["train_peak_fraction"] = f["train"] / best / peak
+    if row.get("flops_train") and f0 and f0.get("train"):  # how much more work the scheme does than none
+        row["flop_share"] = row["flops_train"] / f0["train"]
+        if row.get("step_ratio") is not None:
+            row["flop_efficiency"] = row["step_ratio"] / row["flop_share"]
+    row["flops_train_palm"] = palm_flops_per_token(s.model, s.vocab_size, row["T"]) * row["tokens"]
+    row["palm_peak_fraction"] = row["flops_train_palm"] / best / peak
+
+
+def _against_xt(row: dict[str, Any], t: dict, xt: dict, m: dict | None, mx: dict | None) -> None:
+    """posenc's step, evaluation and memory ratios to x-transformers' at the same scheme and length."""
+    row["xt_step_ratio"] = _ratio(min(t["train"].values()), min(xt["train"].values()))
+    row["xt_step_ratio_paired_median"] = _paired(t["train"], xt["train"])
+    row["xt_eval_ratio"] = _ratio(min(t["eval"].values()), min(xt["eval"].values()))
+    if m and mx:
+        row["xt_mem_ratio"] = _ratio(m["train_peak"], mx["train_peak"])
+
+
+def _failed_rows(res: dict[str, Any], s: BenchSettings, have: set) -> list[dict[str, Any]]:
+    """Rows for what failed at a length (out of memory, an exception in a scheme) and was not measured."""
     rows = []
-    for (impl, sch, T), t in times.items():
-        B = s.batch(T)
-        tokens = B * T
-        tr, ev = list(t["train"].values()), list(t["eval"].values())
-        row: dict[str, Any] = {
-            "impl": impl,
-            "scheme": sch,
-            "class": res["classes"].get(f"{impl}:{sch}", "x-transformers" if impl == XT else "?"),
-            "T": T,
-            "batch": B,
-            "tokens": tokens,
-            "rounds": len(tr),
-            "train_s_min": min(tr),
-            "train_s_median": statistics.median(tr),
-            "eval_s_min": min(ev),
-            "eval_s_median": statistics.median(ev),
-            "train_tok_s": tokens / min(tr),
-            "eval_tok_s": tokens / min(ev),
-        }
-        base = times.get((impl, "none", T))
-        if base:
-            row["step_ratio"] = _ratio(min(tr), min(base["train"].values()))
-            row["step_ratio_paired_median"] = _paired(t["train"], base["train"])
-            row["eval_ratio"] = _ratio(min(ev), min(base["eval"].values()))
-            row["eval_ratio_paired_median"] = _paired(t["eval"], base["eval"])
-        m, m0 = mem.get((impl, sch, T)), mem.get((impl, "none", T))
-        if m:
-            row["mem_train_bytes"] = m["train_peak"]
-            if m0:
-                row["mem_ratio"] = _ratio(m["train_peak"], m0["train_peak"])
-        f = fl.get((impl, sch, T))
-        if f and f.get("train"):
-            row["flops_train"] = f["train"]
-            row["flops_eval"] = f["eval"]
-            row["train_flops_per_s"] = f["train"] / min(tr)
-            row["train_peak_fraction"] = f["train"] / min(tr) / peak
-        f0 = fl.get((impl, "none", T))
-        if row.get("flops_train") and f0 and f0.get("train"):  # how much more work the scheme does than none
-            row["flop_share"] = row["flops_train"] / f0["train"]
-            if row.get("step_ratio") is not None:
-                row["flop_efficiency"] = row["step_ratio"] / row["flop_share"]
-        row["flops_train_palm"] = palm_flops_per_token(model_cfg, s.vocab_size, T) * tokens
-        row["palm_peak_fraction"] = row["flops_train_palm"] / min(tr) / peak
-        if impl == POSENC and (XT, sch, T) in times:
-            xt = times[(XT, sch, T)]
-            row["xt_step_ratio"] = _ratio(min(tr), min(xt["train"].values()))
-            row["xt_step_ratio_paired_median"] = _paired(t["train"], xt["train"])
-            row["xt_eval_ratio"] = _ratio(min(ev), min(xt["eval"].values()))
-            mx = mem.get((XT, sch, T))
-            if m and mx:
-                row["xt_mem_ratio"] = _ratio(m["train_peak"], mx["train_peak"])
-        rows.append(row)
-    # rows for what failed (out of memory, an exception in a scheme)
-    have = {(r["impl"], r["scheme"], r["T"]) for r in rows}
     for e in res["errors"]:
         key = (e["impl"], e["scheme"], e.get("T"))
         if key[2] is not None and key not in have:
-            cls = res["classes"].get(f"{key[0]}:{key[1]}", "x-transformers" if key[0] == XT else "?")
-            rows.append(
-                {
-                    "impl": key[0],
-                    "scheme": key[1],
-                    "class": cls,
-                    "T": key[2],
-                    "batch": s.batch(key[2]),
-                    "failed": e["error"],
-                }
-            )
+            rows.append({"impl": key[0], "scheme": key[1], "class": _class(res, key[0], key[1]), "T": key[2],
+                         "batch": s.batch(key[2]), "failed": e["error"]})
             have.add(key)
-    # excess over none per layer, sequence and query-key pair at the longest probed length
+    return rows
+
+
+def _t2_excess(rows: list[dict[str, Any]], mem: dict, s: BenchSettings) -> None:
+    """Each scheme's memory in excess of none's per layer, sequence and query-key pair, at the
+    longest length probed, on its row there (``t2_floats_per_pair``; the module's text says why)."""
     by_key = {(r["impl"], r["scheme"], r["T"]): r for r in rows}
     for impl, sch in {(k[0], k[1]) for k in mem}:
         T = max(t for (i, sc, t) in mem if (i, sc) == (impl, sch))
         base, row = mem.get((impl, "none", T)), by_key.get((impl, sch, T))
         if base and row:
             excess = mem[(impl, sch, T)]["train_peak"] - base["train_peak"]
-            row["t2_floats_per_pair"] = excess / (4.0 * L * s.batch(T) * T * T)
+            row["t2_floats_per_pair"] = excess / (4.0 * s.model["n_layers"] * s.batch(T) * T * T)
+
+
+def summarize(res: dict[str, Any], s: BenchSettings) -> list[dict[str, Any]]:
+    """A row per (impl, scheme, T) measured or failed: times, throughput, ratios to ``none`` and
+    (posenc's) to x-transformers, memory and FLOP rates; posenc's first at each length, the
+    schemes in their settings' order."""
+    times = _times(res)
+    mem = {(m["impl"], m["scheme"], m["T"]): m for m in res["memory"]}
+    fl = {(f["impl"], f["scheme"], f["T"]): f for f in res["flops"]}
+    rows = []
+    for (impl, sch, T), t in times.items():
+        row = _timed_row(res, s, (impl, sch, T), t)
+        m = mem.get((impl, sch, T))
+        _against_none(row, t, times.get((impl, "none", T)), m, mem.get((impl, "none", T)))
+        _flop_rates(row, s, min(t["train"].values()), fl.get((impl, sch, T)), fl.get((impl, "none", T)),
+                    res["peak"]["flops_per_s"])
+        if impl == POSENC and (XT, sch, T) in times:
+            _against_xt(row, t, times[(XT, sch, T)], m, mem.get((XT, sch, T)))
+        rows.append(row)
+    rows += _failed_rows(res, s, {(r["impl"], r["scheme"], r["T"]) for r in rows})
+    _t2_excess(rows, mem, s)
     order = {sch: i for i, sch in enumerate(s.schemes)}
     rows.sort(key=lambda r: (r["T"], r["impl"] != POSENC, order.get(r["scheme"], 99)))
     return rows
@@ -260,11 +291,13 @@ def _short(error: str) -> str:
     return error.replace("|", "/").replace("\n", " ")[:80]
 
 
-def markdown(res: dict[str, Any]) -> str:
-    meta, rows = res["meta"], res["summary"]
+def _header(res: dict[str, Any]) -> list[str]:
+    """The section's title and what was measured: the command, the machine, the model, the
+    rounds and the matmul peak, and how the tables read."""
+    meta = res["meta"]
     st = meta["settings"]
     mc = st["model"]
-    lines = [
+    return [
         "## Speed and memory of the schemes",
         "",
         f"`{meta['command']}` on {meta['device_name']} ({meta['cpu_count']} CPUs, {meta['torch_threads']} torch "
@@ -287,6 +320,13 @@ def markdown(res: dict[str, Any]) -> str:
             "over the FLOP share (1: as fast as its FLOPs allow, at none's FLOP rate)."
         ),
         "",
+    ]
+
+
+def _posenc_table(rows: list[dict[str, Any]]) -> list[str]:
+    """posenc's row per scheme and length: throughput, ratios to none, memory, FLOP rates and
+    the ratio to x-transformers."""
+    lines = [
         (
             "| scheme | class | T | batch | train ktok/s | eval ktok/s | step / none | eval / none | "
             "train mem MiB | mem / none | FLOP/s % peak | FLOP share | step ÷ share | posenc / x-t step |"
@@ -307,45 +347,66 @@ def markdown(res: dict[str, Any]) -> str:
             f"{_fmt(r.get('flop_share'))} | {_fmt(r.get('flop_efficiency'))} | "
             f"{_fmt(r.get('xt_step_ratio'))} ({_fmt(r.get('xt_step_ratio_paired_median'))}) |"
         )
+    return lines
+
+
+def _xt_table(res: dict[str, Any]) -> list[str]:
+    """x-transformers' rows beside posenc's at the same scheme and length (none when it was not run)."""
+    rows = res["summary"]
     xt_rows = [r for r in rows if r["impl"] == XT]
-    if xt_rows:
-        lines += [
-            "",
-            f"x-transformers {meta['x_transformers']} at the same sizes (posenc / x-t below 1: posenc is faster):",
-            "",
-            (
-                "| scheme | T | x-t train ktok/s | x-t eval ktok/s | x-t step / x-t none | x-t train mem MiB | "
-                "posenc / x-t step | posenc / x-t eval | posenc / x-t mem |"
-            ),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        by_key = {(r["impl"], r["scheme"], r["T"]): r for r in rows}
-        for r in xt_rows:
-            if "failed" in r:
-                lines.append(f"| {r['scheme']} | {r['T']} | failed: {_short(r['failed'])} |")
-                continue
-            p = by_key.get((POSENC, r["scheme"], r["T"]), {})
-            lines.append(
-                f"| {r['scheme']} | {r['T']} | {_ktok(r['train_tok_s'])} | {_ktok(r['eval_tok_s'])} | "
-                f"{_fmt(r.get('step_ratio'))} | {_mib(r.get('mem_train_bytes'))} | "
-                f"{_fmt(p.get('xt_step_ratio'))} ({_fmt(p.get('xt_step_ratio_paired_median'))}) | "
-                f"{_fmt(p.get('xt_eval_ratio'))} | {_fmt(p.get('xt_mem_ratio'))} |"
-            )
-    slopes = [r for r in rows if r.get("t2_floats_per_pair") is not None and r["impl"] == POSENC]
+    if not xt_rows:
+        return []
+    lines = [
+        "",
+        f"x-transformers {res['meta']['x_transformers']} at the same sizes (posenc / x-t below 1: posenc is faster):",
+        "",
+        (
+            "| scheme | T | x-t train ktok/s | x-t eval ktok/s | x-t step / x-t none | x-t train mem MiB | "
+            "posenc / x-t step | posenc / x-t eval | posenc / x-t mem |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key = {(r["impl"], r["scheme"], r["T"]): r for r in rows}
+    for r in xt_rows:
+        if "failed" in r:
+            lines.append(f"| {r['scheme']} | {r['T']} | failed: {_short(r['failed'])} |")
+            continue
+        p = by_key.get((POSENC, r["scheme"], r["T"]), {})
+        lines.append(
+            f"| {r['scheme']} | {r['T']} | {_ktok(r['train_tok_s'])} | {_ktok(r['eval_tok_s'])} | "
+            f"{_fmt(r.get('step_ratio'))} | {_mib(r.get('mem_train_bytes'))} | "
+            f"{_fmt(p.get('xt_step_ratio'))} ({_fmt(p.get('xt_step_ratio_paired_median'))}) | "
+            f"{_fmt(p.get('xt_eval_ratio'))} | {_fmt(p.get('xt_mem_ratio'))} |"
+        )
+    return lines
+
+
+def _slopes(res: dict[str, Any]) -> list[str]:
+    """posenc's memory beyond none per layer, sequence and query-key pair (``t2_floats_per_pair``),
+    in one sentence, the schemes in their settings' order."""
+    mc = res["meta"]["settings"]["model"]
+    slopes = [r for r in res["summary"] if r.get("t2_floats_per_pair") is not None and r["impl"] == POSENC]
     slopes.sort(key=lambda r: list(res["meta"]["settings"]["schemes"]).index(r["scheme"]))
-    if slopes:
-        lines += [
-            "",
-            f"Memory beyond `none` at T={slopes[0]['T']}, in fp32 values per layer, sequence and query-key pair "
-            f"(about H = {mc['n_heads']} per (B, H, T, T) tensor; a T²·D term would give about D = {mc['d_model']}): "
-            + ", ".join(
-                f"{r['scheme']} {r['t2_floats_per_pair']:.1f}" + (f" (T={r['T']})" if r["T"] != slopes[0]["T"] else "")
-                for r in slopes
-            )
-            + ".",
-        ]
+    if not slopes:
+        return []
+    return [
+        "",
+        f"Memory beyond `none` at T={slopes[0]['T']}, in fp32 values per layer, sequence and query-key pair "
+        f"(about H = {mc['n_heads']} per (B, H, T, T) tensor; a T²·D term would give about D = {mc['d_model']}): "
+        + ", ".join(
+            f"{r['scheme']} {r['t2_floats_per_pair']:.1f}" + (f" (T={r['T']})" if r["T"] != slopes[0]["T"] else "")
+            for r in slopes
+        )
+        + ".",
+    ]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The benchmark's Markdown section (``bench.md``): what was measured, posenc's table,
+    x-transformers', the memory slopes, the targets, the failures and the notes."""
+    lines = _header(res) + _posenc_table(res["summary"]) + _xt_table(res) + _slopes(res)
     if res["targets"]:
-        lines += targets_markdown(res["targets"], mc["d_model"])
+        lines += targets_markdown(res["targets"], res["meta"]["settings"]["model"]["d_model"])
     if res["errors"]:
         lines += ["", "Failures:", ""]
         lines += [f"- {e['impl']} {e['scheme']} T={e.get('T')}: {e['error']}" for e in res["errors"]]
