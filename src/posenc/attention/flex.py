@@ -67,13 +67,14 @@ class FlexRoute(Route):
         self.refused = None
 
     def form(self, scheme: PositionalScheme) -> str | None:
-        """Whether the scheme's bias has the route's form: None (none), "factors" or "score"."""
+        """The form of the scheme's bias on the route: None (it has none), "score" (its absolute part
+        is a score function) or "parts" (a relative table and low-rank factors alone)."""
         if scheme not in self._forms:
             held = next(itertools.chain(scheme.parameters(), scheme.buffers()), None)
             pos = torch.arange(2, device=None if held is None else held.device)
             with torch.no_grad():
                 parts = flex_parts(scheme, pos)
-            self._forms[scheme] = None if parts is None else "score" if parts.score is not None else "factors"
+            self._forms[scheme] = None if parts is None else "score" if parts.score is not None else "parts"
         return self._forms[scheme]
 
     def serves(self, scheme):

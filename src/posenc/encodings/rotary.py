@@ -24,7 +24,7 @@ def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
     function either way, checked against each other in tests/test_compile.py.
     """
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    if x.is_cuda and not _EAGER and not torch.compiler.is_compiling():
+    if x.device.type in COMPILED_ON and not _EAGER and not torch.compiler.is_compiling():
         try:
             with recompile_limit():
                 return _rotate_compiled()(x, cos, sin)
@@ -42,6 +42,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((rotated, rest), dim=-1)
 
 
+#: the devices whose rotation runs compiled
+COMPILED_ON = ("cuda",)
 #: why the compiled rotation is not used any more (its recompilation limit), once it is not
 _EAGER: list[str] = []
 
