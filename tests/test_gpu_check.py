@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pytest
+import torch
 
 from posenc.bench import gpu_check
 from posenc.files import project_root
@@ -206,3 +207,32 @@ def test_the_check_fits_in_eight_minutes_by_its_own_estimate(monkeypatch):
     assert e["kinds"]["evaluates"] == ["fire"] and set(e["kinds"]["rotates"]) == {"rope", "xpos"}
     a.route_steps, a.bench_lengths = False, []
     assert gpu_check.estimate(a, discover_schemes())["total_s"] < e["total_s"]
+
+
+def test_the_routes_of_a_scheme_agree_on_its_step(monkeypatch):
+    """The step on every route (part 1) on the CPU for FIRE, whose last MLP bias adds a constant
+    to every logit of a row (softmax ignores it: its gradient is zero in exact arithmetic and
+    rounding noise on each route, judged against the scale of all the gradients), and CAPE,
+    which draws random shifts in training (every route's step from the same random state):
+    every route agrees with the float-mask route, and every parameter has a gradient."""
+    monkeypatch.setenv("POSENC_DATA_DIR", "data")
+    a = gpu_check.parse_args(["--device", "cpu", "--model", "micro"])
+    res = gpu_check.route_steps(a, ["fire", "cape"])
+    rows = {(r["scheme"], r["T"], r["route"]): r for r in res["rows"]}
+    assert set(rows) == {(s, T, route) for T in (256, 1000) for s, routes in (
+        ("fire", ("recomputed", "probabilities", "masked")), ("cape", ("fused", "probabilities"))) for route in routes}
+    assert all(r["ok"] and not r["missing"] and not r["nonfinite"] for r in rows.values()), rows
+
+
+def test_a_gradient_zero_in_exact_arithmetic_is_judged_against_the_scale_of_all():
+    """``gradient_errors``: a gradient whose own norm is rounding noise is compared with the
+    norm it would have were all the gradients spread evenly; a real one with its own."""
+    from posenc.attention.flex_gates import gradient_errors
+
+    want = {"w": torch.ones(100), "b": torch.full((4,), 1e-9)}
+    have = {"w": torch.ones(100) * 1.01, "b": torch.full((4,), -1e-9)}
+    errors = gradient_errors(have, want)
+    assert errors["w"] == pytest.approx(0.01)
+    assert errors["b"] == pytest.approx(4e-9 / (10 * (4 / 104) ** 0.5), rel=1e-3)  # ||b - b'|| / (||all|| sqrt(4/104))
+    have["b"] = torch.ones(4)
+    assert gradient_errors(have, want)["b"] > 0.5

@@ -3,19 +3,19 @@
 torch.compile keeps one cache of compiled graphs per function (its code object) and, past
 ``torch._dynamo.config.recompile_limit`` (8) graphs, runs the function eagerly from then on,
 with a log line and nothing else. For FlexAttention the eager function is the unfused kernel,
-which builds B x H x T x T scores (34 GB a tensor at T = 16,384); one compiled
+which builds B x H x T x T scores (1 GiB a head in float32 at T = 16,384); one compiled
 ``flex_attention`` serves every scheme, length, batch kind, dtype and grad mode of a process,
 so a benchmark of several schemes reaches 8 long before it ends. ``recompile_limit()`` raises
 the limit for the calls made inside it to ``RECOMPILE_LIMIT`` and has torch fail, rather than
 fall back, past it: the caller gets ``RecompileLimitHit`` and chooses what to do (the flex route
 takes the float-mask route; the rotation its eager form).
 
-The limit is one no run of posenc reaches: a process compiles a kernel at most once per
-(scheme, grad mode, dtype, kind of shape), the kinds of shape being batch 1 or more times one
-128-token block or more once torch has made the sizes dynamic (tests/test_flex.py counts them).
-The benchmark, the largest user (every flex scheme, training and evaluation, three lengths, in
-one process), needs some 6 x 2 x 4 = 48 graphs; the limit is 256, and the limit on all
-functions together 4096.
+The limit is one no run of posenc reaches: a process compiles a kernel once per (scheme, grad
+mode, dtype, kind of shape), the kinds of shape being few once torch has made the sizes dynamic
+(tests/test_flex.py's slow test: eleven lengths and batches of an evaluation compile at most 8
+graphs of one scheme, and nothing after its first six). The benchmark, the largest user (every
+flex scheme, training and evaluation, in one process), would by that count need at most 7 x 2
+x 8 = 112; the limit is 256, and the limit on all functions together 4096.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import ROUTES, forced_route
-from ...attention.flex_gates import relative_error
+from ...attention.flex_gates import gradient_errors
 from .common import VOCAB, compiled_graphs, failure
 
 #: the step's lengths: a multiple of the kernels' 128-token blocks, and one that is not (where bf16
@@ -64,8 +64,10 @@ def scheme_steps(a: argparse.Namespace, scheme: str) -> list[dict]:
 
 def one_step(net: torch.nn.Module, route, x: torch.Tensor, y: torch.Tensor, device: str) -> dict:
     """The loss and every trainable parameter's gradient (None where it got none) of one
-    training step of ``net`` on ``route``; the graphs torch.compile made for it."""
+    training step of ``net`` on ``route``, from the same random state on every route (CAPE
+    draws its shifts in training); the graphs torch.compile made for it."""
     net.zero_grad(set_to_none=True)
+    torch.manual_seed(x.shape[-1])
     before = compiled_graphs()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
     try:
@@ -77,13 +79,14 @@ def one_step(net: torch.nn.Module, route, x: torch.Tensor, y: torch.Tensor, devi
         return {"error": failure(e), "graphs": compiled_graphs() - before}
     grads = {n: None if p.grad is None else p.grad.detach().float().clone()
              for n, p in net.named_parameters() if p.requires_grad}  # fmt: skip
-    return {"loss": float(loss), "grads": grads, "graphs": compiled_graphs() - before}
+    return {"loss": float(loss.detach()), "grads": grads, "graphs": compiled_graphs() - before}
 
 
 def compare(step: dict, first: dict | None) -> dict:
     """A step's row: its loss; the parameters without a gradient or with one not finite; its
-    largest relative difference from ``first`` (the reference route's step), loss and gradients;
-    and whether all of it is within ``STEP_TOL``."""
+    largest relative difference from ``first`` (the reference route's step), loss and gradients
+    (``gradient_errors``: a gradient zero in exact arithmetic measured against the scale of all
+    of them); and whether all of it is within ``STEP_TOL``."""
     if "error" in step:
         return {"error": step["error"], "graphs": step["graphs"], "ok": False}
     grads = step["grads"]
@@ -91,14 +94,10 @@ def compare(step: dict, first: dict | None) -> dict:
     nonfinite = sorted(n for n, g in grads.items() if g is not None and not bool(torch.isfinite(g).all()))
     row = {"loss": step["loss"], "graphs": step["graphs"], "missing": missing, "nonfinite": nonfinite}
     loss_diff = abs(step["loss"] - first["loss"]) / abs(first["loss"]) if first else 0.0
-    worst, worst_name = 0.0, None
-    for n, g in grads.items():
-        ref = first["grads"].get(n) if first else None
-        if g is not None and ref is not None:
-            err = relative_error(g, ref)
-            if err > worst:
-                worst, worst_name = err, n
-    row.update(loss_diff=loss_diff, grad_diff=worst, grad_diff_at=worst_name)
+    errors = gradient_errors(grads, first["grads"]) if first else {}
+    worst_name = max(errors, key=errors.get, default=None)
+    row.update(loss_diff=loss_diff, grad_diff=errors.get(worst_name, 0.0), grad_diff_at=worst_name)
+    worst = row["grad_diff"]
     row["ok"] = (not missing and not nonfinite and torch.isfinite(torch.tensor(step["loss"])).item()
                  and loss_diff <= STEP_TOL["loss"] and worst <= STEP_TOL["grad"])
     return row
