@@ -31,5 +31,6 @@ from .recomputed import RECOMPUTED
 __all__ = ["FLEX", "FLEX_ROUTE", "FUSED", "MASKED", "PROBABILITIES", "RECOMPUTED", "ROUTES", "ROUTE_SETTINGS",
            "SCORE_TRAINS", "Attention", "AttentionPlan", "FlexFallback", "FlexParts", "Route", "RouteGaveUp",
            "bias_score_mod", "causal_block_mask", "causal_mask", "check_route_setting", "diagonal_sums",
-           "flex_attend", "flex_parts", "forced_route", "masked_attention", "plan_attention", "position_block", "position_parts",
+           "flex_attend", "flex_parts", "forced_route", "masked_attention", "plan_attention", "position_block",
+           "position_parts",
            "route_setting", "shared_masks", "use_route", "with_causal"]

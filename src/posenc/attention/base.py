@@ -97,7 +97,7 @@ def shared_masks(layers: Sequence[Attention], x: Tensor, pos: Tensor, whole: boo
     a block at a time where it is used, and never whole). ``graph``: whether the masks keep
     their graph (the masked route with gradients on) or not (the recomputed route trains
     the bias in its backward)."""
-    users = Counter(attn.scheme for attn in layers if attn.scheme.position_only_bias and not attn.scheme.uses_value_term)
+    users = Counter(a.scheme for a in layers if a.scheme.position_only_bias and not a.scheme.uses_value_term)
     masks: dict = {}
     with torch.set_grad_enabled(torch.is_grad_enabled() and graph):
         for attn in layers:

@@ -59,7 +59,8 @@ def gate(version: str, capability: tuple[int, int] | None, qk_dim: int, v_dim: i
 
     v = TorchVersion(version)
     if v < FLEX_SINCE:
-        return f"torch {version} is older than {FLEX_SINCE}, whose compiled FlexAttention gives score_mod's tensors their gradient"
+        return (f"torch {version} is older than {FLEX_SINCE}, whose compiled FlexAttention gives score_mod's "
+                "tensors their gradient")
     if capability is None:
         return "not a CUDA device: FlexAttention has no backward for q, k, v on the CPU, and an unfused forward"
     if tuple(capability) < MIN_CAPABILITY:
@@ -73,7 +74,8 @@ def gate(version: str, capability: tuple[int, int] | None, qk_dim: int, v_dim: i
         if d < MIN_HEAD_DIM:
             return f"a {name} head dim of {d} is below {MIN_HEAD_DIM}, Triton's least"
         if v < ANY_HEAD_DIM_SINCE and d & (d - 1):
-            return f"a {name} head dim of {d} is not a power of two, which torch {version} needs ({ANY_HEAD_DIM_SINCE} does not)"
+            return (f"a {name} head dim of {d} is not a power of two, which torch {version} needs "
+                    f"({ANY_HEAD_DIM_SINCE} does not)")
     return None
 
 
@@ -189,5 +191,6 @@ def probe_gradients(sch: PositionalScheme, got: Tensor, want: Tensor, tol: float
         if not bool(torch.isfinite(a).all()):
             return f"parameter {name} gets a gradient that is not finite"
         if not errors[name] <= tol:
-            return f"the gradient of parameter {name} differs from the float-mask route's by {errors[name]:.1e} (relative)"
+            return (f"the gradient of parameter {name} differs from the float-mask route's by {errors[name]:.1e} "
+                    "(relative)")
     return None

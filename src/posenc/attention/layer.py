@@ -40,7 +40,8 @@ def forced_route(route: Route):
         _FORCED.pop()
 
 
-def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor, routes: Sequence[Route] = ROUTES) -> AttentionPlan:
+def plan_attention(layers: Sequence[Attention], x: Tensor, pos: Tensor,
+                   routes: Sequence[Route] = ROUTES) -> AttentionPlan:
     """The plan of a forward through ``layers`` (every layer has the same kind of scheme) with
     input ``x`` at positions ``pos``: the first of ``routes`` that applies to the first layer's
     call (or the one ``forced_route`` holds), and what the layers share on it (``Route.plan``)."""

@@ -50,7 +50,8 @@ class _PositionGrads:
     carries on to the parameters at the end."""
 
     def __init__(self, scheme, pos, shared, params, causal, dtype):
-        self.scheme, self.pos, self.shared, self.params, self.causal, self.dtype = scheme, pos, shared, params, causal, dtype
+        self.scheme, self.pos, self.shared, self.params = scheme, pos, shared, params
+        self.causal, self.dtype = causal, dtype
         with torch.enable_grad():
             self.rel_vals, self.parts = position_parts(scheme, pos)
         self.leaves = tuple(p.detach().requires_grad_() for p in self.parts)

@@ -172,8 +172,8 @@ def training_part(check: Check) -> None:
             traceback.print_exc()
         res["schemes"].append(row)
         check.save()
-        print(f"[{i}/{len(check.schemes)}] {scheme}: " + ", ".join(
-            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if k != "scheme"), flush=True)
+        shown = (f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if k != "scheme")
+        print(f"[{i}/{len(check.schemes)}] {scheme}: " + ", ".join(shown), flush=True)
     res["part_seconds"]["training"] = round(time.perf_counter() - t, 1)
 
 
@@ -182,10 +182,12 @@ def bench_parts(check: Check) -> None:
     a, work, res = check.a, check.work, check.res
     tokens = () if a.device == "cpu" else ("--tokens-per-batch", str(BENCH_TOKENS))
     check.part("bench", "benchmark", lambda: run_bench(a, work, check.left(), extra=tokens))
-    flex = sorted({r["scheme"] for r in res.get("steps", {}).get("rows", []) if r.get("route") == "flex" and r.get("ok")})
+    steps = res.get("steps", {}).get("rows", [])
+    flex = sorted({r["scheme"] for r in steps if r.get("route") == "flex" and r.get("ok")})
     if flex:
+        masked = (*tokens, "--schemes", "none", *flex, "--attention-route", "masked")
         check.part("bench_masked", "benchmark on the float-mask routes", lambda: run_bench(
-            a, work, check.left(), "bench-masked", extra=(*tokens, "--schemes", "none", *flex, "--attention-route", "masked")))
+            a, work, check.left(), "bench-masked", extra=masked))
     if a.compiled:
         check.part("compiled", "NoPE compiled", lambda: run_bench(
             a, work, check.left(), "compiled", extra=(*tokens, "--schemes", "none", "--compile")))

@@ -75,15 +75,17 @@ def estimate(a: argparse.Namespace, schemes: list[str]) -> dict:
     if a.long_tokens:
         parts["long evaluation"] = n * 2 * ASSUMED["long_forward"] + (trains + evaluates + rotates) * g
     if a.paper_bench:
-        parts["paper profile"] = n * 2 * (a.bench_repeats + 1) * MEASURED["bench_round"] + (trains + evaluates) * 3 * cached
+        paper_rounds = 2 * (a.bench_repeats + 1) * MEASURED["bench_round"]  # its two lengths
+        parts["paper profile"] = n * paper_rounds + (trains + evaluates) * 3 * cached
     return {"parts": {p: round(s, 1) for p, s in parts.items()}, "total_s": round(sum(parts.values()), 1),
             "assumed": ASSUMED, "measured": MEASURED, "kinds": k}
 
 
 def estimate_lines(e: dict, budget: float | None) -> list[str]:
     """The estimate as printed before the check starts."""
-    lines = [f"estimated time on one H200: {e['total_s']:.0f} s (" + ", ".join(f"{p} {s:.0f} s" for p, s in e["parts"].items())
-             + f"); FlexAttention trains {len(e['kinds']['trains'])} schemes and evaluates {len(e['kinds']['evaluates'])} more",
+    parts = ", ".join(f"{p} {s:.0f} s" for p, s in e["parts"].items())
+    flex = f"FlexAttention trains {len(e['kinds']['trains'])} schemes and evaluates {len(e['kinds']['evaluates'])} more"
+    lines = [f"estimated time on one H200: {e['total_s']:.0f} s ({parts}); {flex}",
              f"  assumed until measured: {e['assumed']}"]
     if budget is not None:
         lines.append(f"  budget {budget:.0f} s: a part not started by then is reported as not run")
