@@ -24,7 +24,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-import posenc.attention as attention_module
+import posenc.attention.layer as layer_module
+import posenc.model as model_module
+from posenc.attention import blocks
 from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention
 from posenc.encodings import ALiBi, PositionalScheme
 from posenc.model import ModelConfig, Transformer
@@ -83,11 +85,11 @@ def trained_layer_gradients(attn: Attention, h: torch.Tensor) -> dict[str, torch
     return {"input": h, **{n: p for n, p in attn.named_parameters() if p.requires_grad}}
 
 
-def perturbed_model(name: str, causal: bool, extra: dict, max_len: int) -> Transformer:
-    """The two-layer test model of a scheme, in evaluation mode, its positional tensors moved
-    away from their (often zero) initial values so that every term counts (scalar settings,
-    FIRE's c and L, left alone)."""
-    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=max_len, causal=causal)
+def perturbed_model(name: str, causal: bool, extra: dict, max_len: int, d_model: int = D) -> Transformer:
+    """The two-layer test model of a scheme (``d_model`` wide, ``H`` heads), in evaluation mode,
+    its positional tensors moved away from their (often zero) initial values so that every term
+    counts (scalar settings, FIRE's c and L, left alone)."""
+    cfg = ModelConfig(vocab_size=V, d_model=d_model, n_layers=2, n_heads=H, d_ff=64, max_len=max_len, causal=causal)
     model = Transformer(cfg, factory(name, **extra)).eval()
     with torch.no_grad():
         for p in model.positional_parameters():
@@ -115,7 +117,7 @@ def test_attention_layer_equals_dense_reference(name, causal, extra, T, position
     training mode against the dense formula. Contiguous positions (offset by 5) take the
     scheme's training route; gapped ones the masked route. At T = 256 the recomputing backward
     runs in blocks of 32 query rows."""
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * T * 32)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * T * 32)
     torch.manual_seed(0)
     sch = scheme_of(name, causal, extra, max_len=T + 16)
     attn = Attention(D, H, sch, causal).train()
@@ -135,8 +137,8 @@ def test_model_equals_dense_reference(name, causal, extra, T, monkeypatch):
     the layers of a shared scheme, two layers) in evaluation mode with gradients on: logits
     and the gradient of every parameter against the dense formula; and with gradients off
     (a layer's own bias a block of 64 rows at a time), the logits."""
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 2 * H * T * 32)
-    monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 2 * H * T * 32)
+    monkeypatch.setattr(blocks, "FORWARD_BLOCK_ROWS", 64)
     torch.manual_seed(1)
     model = perturbed_model(name, causal, extra, max_len=T + 16)
     idx = torch.randint(0, V, (2, T))
@@ -233,7 +235,7 @@ def test_a_content_bias_of_batch_one_trains_right(causal, monkeypatch):
     formula -factor_h m_h |i - j| written here, over several row blocks."""
     from .references import alibi_slope
 
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
     torch.manual_seed(3)
     sch = _ScaledALiBi(d_model=D, n_heads=H, max_len=64, causal=causal)
     slopes = torch.tensor([alibi_slope(i, H) for i in range(H)])
@@ -259,7 +261,7 @@ def test_a_scheme_that_defines_only_a_bias_trains_with_it_and_its_logits_and_ter
     trains with its bias (the recomputing route, output and gradients equal to the
     formula written here over several row blocks), ``logits`` holds the same bias, and
     its terms sum to those logits with the bias as position-position."""
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * 24 * 5)
     assert _OnlyABias.has_bias and _OnlyABias.position_only_bias and not _OnlyABias.uses_value_term
     assert _OnlyABias.family() == "position bias"
     torch.manual_seed(4)
@@ -303,17 +305,18 @@ def test_attention_is_planned_once_per_forward_and_handed_down(name, instances, 
     cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=3, n_heads=H, d_ff=64, max_len=64)
     model = Transformer(cfg, factory(name)).eval()
     calls = {"route": 0, "mask": 0}
-    route, mask = Attention.route, Attention.position_mask
+    plan, mask = layer_module.plan_attention, Attention.position_mask
 
-    def counted_route(self, *a, **kw):
+    def counted_plan(*a, **kw):
         calls["route"] += 1
-        return route(self, *a, **kw)
+        return plan(*a, **kw)
 
     def counted_mask(self, *a, **kw):
         calls["mask"] += 1
         return mask(self, *a, **kw)
 
-    monkeypatch.setattr(Attention, "route", counted_route)
+    for module in (layer_module, model_module):  # the planner as the layer and the model call it
+        monkeypatch.setattr(module, "plan_attention", counted_plan)
     monkeypatch.setattr(Attention, "position_mask", counted_mask)
     idx, pos = torch.randint(0, V, (2, 16)), torch.arange(16)
     seen = []
@@ -362,8 +365,8 @@ def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     """Causal attention skips the keys after a block's last row (the blocked forward, the
     recomputing backward, a value term's blockwise forward) unless ``SKIP_LATER_KEYS`` is off, as the benchmark's FLOP count
     runs it; outputs and gradients are the same either way."""
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 3 * H * 256 * 32)
-    monkeypatch.setattr(attention_module, "FORWARD_BLOCK_ROWS", 64)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * 256 * 32)
+    monkeypatch.setattr(blocks, "FORWARD_BLOCK_ROWS", 64)
     torch.manual_seed(0)
     extra = {"init_threshold": 100.0} if name == "fire" else {}  # rows on both sides of FIRE's threshold
     attn = Attention(D, H, scheme_of(name, True, extra, max_len=272), True).train()
@@ -372,7 +375,7 @@ def test_skipping_later_keys_changes_no_value(name, monkeypatch):
     params = [h, *[p for p in attn.parameters() if p.requires_grad]]
     out = {}
     for skip in (True, False):
-        monkeypatch.setattr(attention_module, "SKIP_LATER_KEYS", skip)
+        monkeypatch.setattr(blocks, "SKIP_LATER_KEYS", skip)
         y = attn(h, pos)
         out[skip] = (y, grads(y, upstream, params))
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
@@ -416,11 +419,11 @@ def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
     sch = scheme_of(name, causal, extra, max_len=T + 8)
     pos = torch.arange(T) + 3
     with torch.no_grad():
-        whole = attention_module.with_causal(sch.position_bias(pos, pos), pos, pos, causal)
-        rel_vals, parts = attention_module._position_parts(sch, pos)
+        whole = blocks.with_causal(sch.position_bias(pos, pos), pos, pos, causal)
+        rel_vals, parts = blocks.position_parts(sch, pos)
         for r0, r1, c1 in [(0, 40, 40), (0, 7, 7), (8, 24, 24), (8, 24, 40), (30, 40, 33), (39, 40, 40)]:
             absolute = sch.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
-            block = attention_module.position_block(sch, rel_vals, absolute, pos, r0, r1, c1, causal)
+            block = blocks.position_block(sch, rel_vals, absolute, pos, r0, r1, c1, causal)
             torch.testing.assert_close(block, whole[..., r0:r1, :c1], atol=1e-6, rtol=1e-6,
                                        msg=lambda m, b=(r0, r1, c1): f"rows {b[0]}:{b[1]}, keys :{b[2]}: {m}")
 

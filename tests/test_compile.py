@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.gpu_check import RecordLosses
+from posenc.bench.gpu_check import RecordLosses
 from posenc.runs import RunFolder
 
 
@@ -26,7 +26,7 @@ def test_a_compiled_model_trains_as_the_eager_one(scheme, make_cfg, tmp_path):
         counters.clear()
         cfg = make_cfg(f"encoding={scheme}", "model=micro", "trainer.max_steps=4", "trainer.val_check_interval=4",
                        "trainer.limit_val_batches=1", "~logger", f"compile={str(compiled).lower()}",
-                       "+callbacks.losses._target_=posenc.gpu_check.RecordLosses")  # fmt: skip
+                       "+callbacks.losses._target_=posenc.bench.gpu_check.training.RecordLosses")  # fmt: skip
         out = tmp_path / f"run-{compiled}"
         train(cfg, out_dir=out)
         losses[compiled] = list(RecordLosses.losses)
@@ -50,3 +50,33 @@ def test_the_compiled_rotation_is_the_eager_one():
     cos, sin = angles.cos(), angles.sin()
     torch.testing.assert_close(rotary._rotate_compiled()(x, cos, sin), rotary._rotate(x, cos, sin))
     assert torch.equal(rotary.rotate_pairs(x, angles), rotary._rotate(x, cos, sin))  # eager off CUDA
+
+
+def test_the_rotation_runs_eagerly_past_its_recompilation_limit(monkeypatch):
+    """The compiled rotation (here compiled for the CPU, ``aot_eager``) under a limit lowered to
+    one graph: float32 compiles it; float64 needs a second graph, and torch fails instead of
+    running it unfused (``posenc.compiling``): one warning, the eager rotation's values, and the
+    eager rotation from then on, without another warning."""
+    import warnings
+
+    import posenc.compiling as compiling
+    from posenc.encodings import rotary
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(rotary, "COMPILED_ON", ("cpu",))
+    monkeypatch.setattr(rotary, "_EAGER", [])
+    compiled = torch.compile(rotary._rotate, backend="aot_eager")
+    monkeypatch.setattr(rotary, "_rotate_compiled", lambda: compiled)
+    monkeypatch.setattr(compiling, "RECOMPILE_LIMIT", 1)
+    torch.manual_seed(0)
+    x, angles = torch.randn(2, 3, 17, 10), torch.randn(17, 4)
+    want = rotary._rotate(x, angles.cos(), angles.sin())
+    assert torch.equal(rotary.rotate_pairs(x, angles), want)
+    with pytest.warns(UserWarning, match="compiled rotation runs eagerly from here on.*limit of 1"):
+        got = rotary.rotate_pairs(x.double(), angles.double())
+    torch.testing.assert_close(got, want.double())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rotary.rotate_pairs(x.half(), angles.half())
+    assert len(rotary._EAGER) == 1
+    torch._dynamo.reset()

@@ -1339,18 +1339,18 @@ def test_recomputed_bias_backward_equals_autograd(name, causal, overrides, monke
     the dense reference layer by layer (``tests/references.py``, which calls none of
     the scheme's attention methods). Blocks of 3 query rows, so every layer crosses
     several blocks."""
-    import posenc.attention as attention_module
+    from posenc.attention import blocks, recomputed
 
     calls = []
-    original = attention_module._RecomputedBiasAttention.apply
+    original = recomputed._RecomputedBiasAttention.apply
 
     def counting_apply(*args):
         calls.append(args)
         return original(*args)
 
-    monkeypatch.setattr(attention_module._RecomputedBiasAttention, "apply", counting_apply)
+    monkeypatch.setattr(recomputed._RecomputedBiasAttention, "apply", counting_apply)
     B, T = 2, 12
-    monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", B * H * T * 3)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", B * H * T * 3)
     torch.manual_seed(4)
     model = tiny_model(name, causal, **overrides).train()
     perturb(model.positional_parameters())

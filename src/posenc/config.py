@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONFIG_DIR
+from .attention import check_route_setting
 from .errors import ConfigError
 from .model import ModelConfig, ModelSize, Transformer
 from .ranges import Range
@@ -147,6 +148,7 @@ def check_config(cfg: DictConfig, task=None) -> list[str]:
     if cfg.get("init_from") and cfg.ckpt_path not in (None, ""):
         raise ConfigError("init_from and ckpt_path are both set: a resume already has its weights; drop one")
     check_device(cfg)
+    check_attention(cfg)
     try:
         scheme = instantiate(cfg.encoding.scheme)(
             d_model=m.d_model, n_heads=m.n_heads, max_len=m.max_len, causal=bool(cfg.task.causal)
@@ -158,6 +160,19 @@ def check_config(cfg: DictConfig, task=None) -> list[str]:
     check_criterion(cfg, task)
     task.check(cfg)
     return cost_warnings(cfg, scheme)
+
+
+def check_attention(cfg: DictConfig) -> None:
+    """``attention.route``: one of ``ROUTE_SETTINGS``, and ``flex`` only where training can run
+    through FlexAttention (CUDA: it has no backward for q, k, v on the CPU)."""
+    route = str(OmegaConf.select(cfg, "attention.route", default="auto"))
+    try:
+        check_route_setting(route)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if route == "flex" and str(cfg.trainer.get("accelerator", "cpu")) not in ("gpu", "cuda"):
+        raise ConfigError("attention.route=flex trains through FlexAttention, which has no backward on the CPU; "
+                          "use attention.route=auto (the float-mask routes there) or trainer=gpu")
 
 
 def check_criterion(cfg: DictConfig, task) -> None:

@@ -101,6 +101,9 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         nn.init.normal_(self.lm_head.weight, std=0.02)  # logits start near 0: first loss ~ ln V
+        #: the attention routes the forwards took, in the order first taken: "training" (grad
+        #: mode on) and "evaluation" (off); what a run records (``attention_routes``)
+        self.routes_taken: dict[str, list[str]] = {}
 
     def positional_parameters(self) -> list[nn.Parameter]:
         seen, out = set(), []
@@ -110,6 +113,11 @@ class Transformer(nn.Module):
                     seen.add(id(p))
                     out.append(p)
         return out
+
+    def attention_routes(self) -> dict[str, str]:
+        """The routes the forwards took, "training" and "evaluation": one name, or several in the
+        order first taken ("flex, then masked": a route refused itself on the way, and warned)."""
+        return {mode: ", then ".join(names) for mode, names in self.routes_taken.items()}
 
     def num_parameters(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.parameters())
@@ -157,7 +165,16 @@ class Transformer(nn.Module):
         for block in below:
             x = block(x, pos, plan, attention=attention)
         x = top(x, pos, plan, last, attention)
+        self._took(plan, len(self.blocks) - (last is not None))
         return self.lm_head(self.ln_f(x))
+
+    def _took(self, plan: AttentionPlan, layers: int) -> None:
+        """Adds the routes the ``layers`` that used ``plan`` took to ``routes_taken``: the plan's,
+        unless every one of them gave up on it, and those they took instead."""
+        taken = self.routes_taken.setdefault("training" if torch.is_grad_enabled() else "evaluation", [])
+        for name in ([plan.name] if len(plan.instead) < layers else []) + plan.instead:
+            if name not in taken:
+                taken.append(name)
 
     @torch.no_grad()
     def first_layer_terms(self, idx: Tensor, pos: Tensor | None = None) -> dict[str, Tensor]:

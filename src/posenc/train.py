@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from . import tracking
+from .attention import use_route
 from .callbacks import GracefulInterrupt, RunRecord, StepProgressBar, ValidateAtEnd, quiet_lightning_tips
 from .config import build_model, check_config
 from .errors import ConfigError
@@ -69,11 +70,13 @@ IDENTITY_KEYS = ("encoding", "model", "task", "data.corpus.name", "data.vocab_si
                  "trainer.accumulate_grad_batches", "trainer.gradient_clip_val")
 #: what a resume may change, the rest being the run's identity or how it is logged and stored:
 #: the step budget (to extend a run), the criterion, the intervals of validation and logging,
-#: the share of the validation and test splits scored, the device, the console's output, compilation
+#: the share of the validation and test splits scored, the device, the console's output, compilation,
+#: the attention route (the same values on every route, to float rounding)
 RESUMABLE = ("trainer.max_steps", "criterion", "trainer.val_check_interval", "trainer.log_every_n_steps",
              "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.accelerator", "trainer.devices",
              "trainer.strategy", "trainer.num_nodes", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-             "data.eval_batch_size", "data.num_workers", "test_at_end", "log_checkpoint", "ckpt_path", "compile")
+             "data.eval_batch_size", "data.num_workers", "test_at_end", "log_checkpoint", "ckpt_path", "compile",
+             "attention.route")
 
 
 def identity_differences(have: dict, want: dict) -> list[str]:
@@ -305,6 +308,23 @@ def log_run_end(logger, run: RunFolder, tokenizer: Path, best_ckpt: str | None, 
                            RunFolder.CHECKPOINTS)
 
 
+@rank_zero_only
+def record_routes(logger, run: RunFolder, model, resumed: bool) -> None:
+    """The attention routes the run's forwards took (``Transformer.attention_routes``: in
+    training and in evaluation) into its ``run.json`` and into MLflow, as the params
+    ``attention.route_taken.<mode>`` of a new run (as tags on a resume: MLflow keeps a run's
+    params as they were, and a resume may take another route, on another device)."""
+    routes = model.attention_routes()
+    write_json(run.run_json, run.info() | {"attention_routes": routes})
+    if logger is None:
+        return
+    named = {f"attention.route_taken.{mode}": route for mode, route in routes.items()}
+    if resumed:
+        tracking.log_tags(logger.experiment, logger.run_id, named)
+    else:
+        logger.log_hyperparams(named)
+
+
 def criterion_callback(cfg: DictConfig) -> EarlyStopping | None:
     """Lightning's ``EarlyStopping`` on its threshold alone: stop at the first validation
     where ``criterion.metric`` passes ``criterion.value`` (``patience`` never runs out, so a
@@ -316,46 +336,37 @@ def criterion_callback(cfg: DictConfig) -> EarlyStopping | None:
                          patience=2**62, check_on_train_epoch_end=False, check_finite=False)
 
 
-def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float]:
-    """Train one model as ``cfg`` says; returns the final callback metrics.
-
-    ``out_dir``: the run folder (default: Hydra's output folder, or a fresh one
-    under ``paths.output_dir`` when called through the compose API). Every
-    check that can refuse the run (settings, data, the checkpoint to resume)
-    comes before anything is written; a refusal raises ``ConfigError`` or
-    ``DataError``.
-    """
-    task = build_task(cfg.task)  # one object for the checks, the data and the module
-    for warning in check_config(cfg, task):
-        log.warning(warning)
-    datamodule = instantiate(cfg.data, task=task)
-    datamodule.prepare_data()  # errors about data surface here, before any run exists
-    identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
-    ckpt, resumed_meta = resolve_resume(cfg, identity)
-    cfg.optim.schedule_steps = schedule_steps(cfg, ckpt, resumed_meta)
-    if ckpt is not None and cfg.trainer.max_steps > cfg.optim.schedule_steps:  # as the MLflow description says
-        log.info("extending %s past its %d-step schedule: it trains on at the schedule's final learning rate "
-                 "(optim.lr x optim.min_lr_ratio = %g) to step %d", RunFolder.of(ckpt).path, cfg.optim.schedule_steps,
-                 cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.trainer.max_steps)
+def build_module(cfg: DictConfig, task, vocab_size: int) -> tuple[LMModule, dict]:
+    """The run's module (seeded first) with its starting weights (``init_from``), compiled
+    where ``compile`` asks; and the resolved config it was built from."""
     L.seed_everything(cfg.seed, workers=True)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    vocab_size = datamodule.tokenizer_vocab_size
     module = LMModule(build_model(cfg, vocab_size), task, resolved["optim"], cfg.data.seq_len)
     if cfg.get("init_from"):
         initial_weights(module, cfg.init_from)
     if cfg.get("compile"):
         module.model.compile()
+    return module, resolved
 
+
+def run_folder(cfg: DictConfig, ckpt: Path | None, out_dir: str | Path | None) -> RunFolder:
+    """The run's folder: the resumed run's own, ``out_dir``, or Hydra's (``run_dir``)."""
     if ckpt:
-        out_dir = RunFolder.of(ckpt).path
-        continue_in(out_dir)
+        out = RunFolder.of(ckpt).path
+        continue_in(out)
     elif out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
     else:
-        out_dir = run_dir(cfg)
-    run = RunFolder(out_dir)
-    logger = build_logger(cfg, resumed_meta.get("mlflow_run_id"))
+        out = run_dir(cfg)
+    return RunFolder(out)
+
+
+def build_callbacks(cfg: DictConfig, run: RunFolder, record: RunRecord) -> tuple[list, ModelCheckpoint,
+                                                                                 GracefulInterrupt, Any]:
+    """The trainer's callbacks: the run's record, the checkpoints (best and last), the graceful
+    interrupt, validation at the end, the criterion, the progress bar and the config's own;
+    and the checkpoint, interrupt and criterion callbacks among them."""
     checkpoint = ModelCheckpoint(
         dirpath=run.checkpoints,
         filename="best-{step}",
@@ -367,11 +378,59 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     )
     interrupt = GracefulInterrupt(run.checkpoints)
     criterion = criterion_callback(cfg)
-    callbacks = [RunRecord(resolved, vocab_size, identity), checkpoint, interrupt, ValidateAtEnd(),
-                 *([criterion] if criterion else [])]
+    callbacks = [record, checkpoint, interrupt, ValidateAtEnd(), *([criterion] if criterion else [])]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
     callbacks += [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    return callbacks, checkpoint, interrupt, criterion
+
+
+def after_fit(cfg: DictConfig, trainer, module: LMModule, datamodule, logger, run: RunFolder,
+              checkpoint: ModelCheckpoint, criterion, resumed: bool) -> dict[str, float]:
+    """The metrics of a fit, and what follows it: the routes taken, the criterion's step, the
+    test split (``test_at_end``), the files logged to MLflow."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    record_routes(logger, run, module.model, resumed=resumed)
+    if criterion is not None and criterion.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
+        metrics["criterion_step"] = trainer.global_step
+        if logger is not None and trainer.is_global_zero:
+            logger.log_metrics({"criterion_step": trainer.global_step}, step=trainer.global_step)
+    if cfg.get("test_at_end", False):  # the final weights on the test split
+        (scores,) = trainer.test(module, datamodule=datamodule, verbose=False)
+        metrics.update({k: float(v) for k, v in scores.items()})
+    if logger is not None:
+        log_run_end(
+            logger, run, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
+            bool(cfg.get("log_checkpoint", True)),
+        )
+    return metrics
+
+
+def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float]:
+    """Train one model as ``cfg`` says; returns the final callback metrics.
+
+    ``out_dir``: the run folder (default: Hydra's output folder, or a fresh one under
+    ``paths.output_dir`` when called through the compose API). Every check that can refuse the
+    run (settings, data, the checkpoint to resume) comes before anything is written; a refusal
+    raises ``ConfigError`` or ``DataError``."""
+    task = build_task(cfg.task)  # one object for the checks, the data and the module
+    for warning in check_config(cfg, task):
+        log.warning(warning)
+    use_route(cfg.attention.route)
+    datamodule = instantiate(cfg.data, task=task)
+    datamodule.prepare_data()  # errors about data surface here, before any run exists
+    identity = run_identity(cfg, datamodule.prepared.meta["tokens_sha256"])
+    ckpt, resumed_meta = resolve_resume(cfg, identity)
+    cfg.optim.schedule_steps = schedule_steps(cfg, ckpt, resumed_meta)
+    if ckpt is not None and cfg.trainer.max_steps > cfg.optim.schedule_steps:  # as the MLflow description says
+        log.info("extending %s past its %d-step schedule: it trains on at the schedule's final learning rate "
+                 "(optim.lr x optim.min_lr_ratio = %g) to step %d", RunFolder.of(ckpt).path, cfg.optim.schedule_steps,
+                 cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.trainer.max_steps)
+    vocab_size = datamodule.tokenizer_vocab_size
+    module, resolved = build_module(cfg, task, vocab_size)
+    run = run_folder(cfg, ckpt, out_dir)
+    logger = build_logger(cfg, resumed_meta.get("mlflow_run_id"))
+    callbacks, checkpoint, interrupt, criterion = build_callbacks(cfg, run, RunRecord(resolved, vocab_size, identity))
     quiet_lightning_tips()
     trainer = instantiate(cfg.trainer, logger=logger or False, callbacks=callbacks)
     run_id = None
@@ -388,19 +447,7 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
             if ckpt is not None:  # continuing in the run's own folder is what a resume does, not a mistake
                 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None, weights_only=True)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        if criterion is not None and criterion.stopping_reason == EarlyStoppingReason.STOPPING_THRESHOLD:
-            metrics["criterion_step"] = trainer.global_step
-            if logger is not None and trainer.is_global_zero:
-                logger.log_metrics({"criterion_step": trainer.global_step}, step=trainer.global_step)
-        if cfg.get("test_at_end", False):  # the final weights on the test split
-            (scores,) = trainer.test(module, datamodule=datamodule, verbose=False)
-            metrics.update({k: float(v) for k, v in scores.items()})
-        if logger is not None:
-            log_run_end(
-                logger, run, datamodule.prepared.tokenizer_path, checkpoint.best_model_path,
-                bool(cfg.get("log_checkpoint", True)),
-            )
+        metrics = after_fit(cfg, trainer, module, datamodule, logger, run, checkpoint, criterion, bool(ckpt))
     except BaseException as e:
         if logger is not None and run_id is not None and trainer.is_global_zero:
             # SystemExit: submitit's handler ends a preempted job's process from within the step
@@ -412,8 +459,8 @@ def train(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, float
     metrics["global_step"] = trainer.global_step
     if trainer.is_global_zero:
         write_json(run.metrics, {"run_name": cfg.run_name, "encoding": cfg.encoding.name,
-                                                     "task": cfg.task.name, "seed": cfg.seed, **metrics})
-        log.info("finished %s in %s: %s", cfg.run_name, out_dir, metrics)
+                                 "task": cfg.task.name, "seed": cfg.seed, **metrics})
+        log.info("finished %s in %s: %s", cfg.run_name, run.path, metrics)
         if logger is not None:
             log.info("MLflow run %s: %s", run_id, tracking.how_to_open(cfg.logger.tracking_uri, logger.experiment_id, run_id))
     return metrics

@@ -22,7 +22,9 @@ The method, module by module:
 * ``flops``: counted and PaLM FLOPs, the matmul peak;
 * ``report``: the summary, the ratios, the targets, the T² growth, the tables;
 * ``figure``: the figure;
-* ``cli``: the command line (``python -m posenc.bench --help``).
+* ``cli``: the command line (``python -m posenc.bench --help``);
+* ``gpu_check``: the GPU check (``python -m posenc.gpu_check``), which runs this benchmark among
+  its parts.
 
 Outputs (``--out-dir``, default ``results/bench``; each file written to a
 temporary file and moved into place): ``bench.json`` (settings, environment,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..attention.flex_gates import ENV as ROUTE_ENV
+from ..attention.flex_gates import use_route
 from .config import CONF_DIR, POSENC, XT, BenchSettings, compose_configs, discover_schemes
 from .figure import plot
 from .memory import default_memory_budget_gb, memory_probe
@@ -123,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: torch's); 1 is steadier on a machine shared with others",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--attention-route", choices=["auto", "flex", "masked"],
+                   help="attention.route for every model (default: POSENC_ATTENTION_ROUTE, else auto); masked keeps "
+                   "FlexAttention out, to time the float-mask routes")
     p.add_argument("--compile", action="store_true",
                    help="time each model compiled (torch.compile, in place, as the setting compile=true trains it); "
                    "the warm-up pays the compilation")
@@ -154,6 +160,9 @@ def rerender(path: Path, out_dir: Path | None) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.attention_route:  # this process, and the memory probes it starts
+        use_route(a.attention_route)
+        os.environ[ROUTE_ENV] = a.attention_route
     if a.from_json:
         rerender(Path(a.from_json), Path(a.out_dir) if a.out_dir else None)
         return 0

@@ -84,18 +84,18 @@ def count_flops(fn: Callable[[], None]) -> int:
     Model FLOPs: every attention is counted in full, as the PaLM formula counts
     none's causal one (its fused kernel skips the upper triangle, the count does
     not); so the count runs posenc's causal float-mask forward and its recomputing
-    backward without their skipping of later keys (``posenc.attention.SKIP_LATER_KEYS``;
+    backward without their skipping of later keys (``posenc.attention.blocks.SKIP_LATER_KEYS``;
     the same values), which the timed steps do skip."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .. import attention
+    from ..attention import blocks
 
-    skip, attention.SKIP_LATER_KEYS = attention.SKIP_LATER_KEYS, False
+    skip, blocks.SKIP_LATER_KEYS = blocks.SKIP_LATER_KEYS, False
     try:
         with FlopCounterMode(display=False, custom_mapping=_flop_mapping()) as counter:
             fn()
     finally:
-        attention.SKIP_LATER_KEYS = skip
+        blocks.SKIP_LATER_KEYS = skip
     return int(counter.get_total_flops())
 
 

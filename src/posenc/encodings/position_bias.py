@@ -252,23 +252,30 @@ class FIRE(PositionalScheme):
 
     def absolute_score(self, q_pos, k_pos):
         """f(x) with x = sign(i - j) psi(|i - j|) / max(psi(max(i, L)) + eps, psi(j) + eps), a pair
-        at a time: the numerator read on the distances, the normalisers on the rows and the
-        columns, and the MLP unrolled over its hidden units (W2 relu(w1 x + b1) + b2), so
-        nothing of the pairs' size is built. Checked, values and gradients, against the
-        dense reference in tests/test_flex.py."""
+        at a time, as the piecewise-linear function the MLP is (``pieces``): the segment s of x
+        is the number of break points below it, and f(x) = A[h, s] x + C[h, s]. Every tensor
+        with a graph is indexed once (the numerator read on the distances, the normalisers on
+        the rows and the columns, A and C), as the compiled FlexAttention's backward requires
+        (Inductor refuses a tensor that requires a gradient and is indexed more than once, which
+        the MLP unrolled over its units did 32 times); the break points, compared once per unit,
+        have no graph; no index mixes a tensor with an int (torch 2.6 to 2.10 cannot trace one),
+        and no tensor read is a view (the kernel's backward would give it no gradient). Nothing
+        of the pairs' size is built. Checked, values and gradients through the kernel's own
+        backward, against the dense reference, and through Inductor's check of the backward, in
+        tests/test_flex.py."""
         dt = self.c.dtype
         numer = self.numerator(-distance_range(q_pos, k_pos).to(dt))  # at [j - i + Tq - 1]: i - j
         row = self.psi(torch.maximum(q_pos.to(dt), self.threshold.abs())) + self.eps
         col = self.psi(k_pos.to(dt)) + self.eps
-        lin1, lin2 = self.mlp[0], self.mlp[2]
-        w1, b1, w2, b2 = lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias
+        order, A, C = self.pieces()
+        A, C = A.clone(), C.clone()  # fresh tensors: pieces() may hand back views where H = 1
 
         def score(h, i, j):  # Tq - 1 read from the shapes (no constant for torch.compile to specialise on)
             x = numer[j - i + row.shape[0] - 1] / torch.maximum(row[i], col[j])
-            out = b2[h]
-            for unit in range(w1.shape[0]):
-                out = out + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
-            return out
+            s = (x > order[0]).to(torch.int32)
+            for unit in range(1, order.shape[0]):
+                s = s + (x > order[unit]).to(torch.int32)
+            return A[h, s] * x + C[h, s]
 
         return score
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 from torch import Tensor
 
+from ..compiling import RecompileLimitHit, recompile_limit
 from .base import PositionalScheme
 
 
@@ -16,11 +18,20 @@ def rotate_pairs(x: Tensor, angles: Tensor) -> Tensor:
 
     Only the first 2 * angles.shape[-1] features are rotated; the rest pass through.
     On CUDA the elementwise work (about a dozen kernels eagerly) runs as one compiled
-    kernel (``_rotate_compiled``); elsewhere eagerly. The same function either way,
-    checked against each other in tests/test_compile.py.
+    kernel (``_rotate_compiled``), under a recompilation limit no run reaches
+    (``posenc.compiling``); should one reach it anyway, the rotation warns once and runs
+    eagerly from then on. Elsewhere, and inside a model compiled whole, eagerly. The same
+    function either way, checked against each other in tests/test_compile.py.
     """
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    return (_rotate_compiled() if x.is_cuda else _rotate)(x, cos, sin)
+    if x.device.type in COMPILED_ON and not _EAGER and not torch.compiler.is_compiling():
+        try:
+            with recompile_limit():
+                return _rotate_compiled()(x, cos, sin)
+        except RecompileLimitHit as e:
+            _EAGER.append(str(e))
+            warnings.warn(f"the compiled rotation runs eagerly from here on: {e}", stacklevel=2)
+    return _rotate(x, cos, sin)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -29,6 +40,12 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = xr[..., 0::2], xr[..., 1::2]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return torch.cat((rotated, rest), dim=-1)
+
+
+#: the devices whose rotation runs compiled
+COMPILED_ON = ("cuda",)
+#: why the compiled rotation is not used any more (its recompilation limit), once it is not
+_EAGER: list[str] = []
 
 
 @functools.cache
