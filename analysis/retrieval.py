@@ -315,7 +315,8 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
     members = {f: [s for s in families[f] if s != REFERENCE or f == "none"] for f in columns}
     st = styles(names)
     n_legend = max(len(m) + (ref is not None and f != "none") for f, m in members.items())
-    heights = [3.0] * len(rows) + [0.75, 0.05 + 0.22 * math.ceil(n_legend / 2)]
+    ncol = 2 if len(reference_label) <= 10 else 1  # a long label would run into the next column's legend
+    heights = [3.0] * len(rows) + [0.75, 0.05 + 0.22 * math.ceil(n_legend / ncol)]
     fig = plt.figure(figsize=(0.6 + 3.9 * len(columns), sum(heights) + 1.2))
     gs = fig.add_gridspec(len(heights), len(columns), height_ratios=heights, hspace=0.14, wspace=0.08,
                           bottom=0.02, top=1 - 1.0 / fig.get_figheight())
@@ -339,7 +340,7 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
         lax.axis("off")
         handles = [legend_handle(st[ref], reference=True, label=reference_label)] if ref is not None and fam != "none" else []
         handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members[fam])]
-        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
+        lax.legend(handles=handles, loc="upper center", ncol=ncol, frameon=False, fontsize=9, handlelength=2.6,
                    columnspacing=1.2, borderaxespad=0.0)
     fig.suptitle(title, fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")
     if notes:
