@@ -218,6 +218,14 @@ def test_lm_table_by_hand(tmp_path):
     assert t["short"]["train_len"] == 8 and t["short"]["ratio_longest"]["values"] == [1.0]
 
 
+def _lm_entry(L, seeds, lengths, ratio, longest, values=()):
+    """A hand-made row of the LM table: its lengths' mean and sd, and the ratio at the longest."""
+    return {"train_len": L, "seeds": seeds, "lengths": {t: {"mean": m, "sd": sd, "n": len(seeds)} for t, (m, sd) in
+                                                        lengths.items()},
+            "ratio_longest": {"mean": ratio[0], "sd": ratio[1], "n": len(values), "longest": longest,
+                              "values": list(values)}}
+
+
 def _lm_files(tmp_path, rows: dict) -> dict:
     """An LM table from {scheme: {seed: {length: ppl}}} at L = 4 (``lm_table`` of written results)."""
     files = []
