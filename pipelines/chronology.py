@@ -146,6 +146,8 @@ def chronology(root: Path = ROOT) -> dict:
     results = {table: first_results(paths, root) for table, paths in RESULTS.items()}
     choices = []
     for what, path, keys, table in CHOICES:
+        if not (root / path).exists():  # a profile this project does not have
+            continue
         keys = resolved(keys, table, Study((root / path).parent))
         commit, value, before = set_by(path, keys, root)
         if value is MISSING:

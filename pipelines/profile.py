@@ -13,7 +13,8 @@ experiment of its own (``posenc-study-<name>``). Stages that do not depend on th
 settings are left out: the benchmark and MiniLM's analysis (the default study has them),
 the summaries across studies (papers, findings, scales, the chronology) and the report (which
 renders a page for every profile that has results; after its repro a profile runs those
-summaries and the report again, ``dvc repro --force --single-item``, so that they read it). ``dvc repro``
+summaries and the report again, ``dvc repro --force --single-item``, so that they read it: their
+dependencies do not name a profile's files, which a project without the profile lacks). ``dvc repro``
 at the project root does not run a profile; ``dvc status`` lists the stages of a
 profile's pipeline whose code or settings changed since its results were made. Its
 ``dvc.lock`` records which code made them.
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: stages of the default study a profile leaves out (their results do not depend on its settings)
 LEFT_OUT = ("bench", "pretrained_correlations", "papers", "findings", "scales", "chronology", "report")
 #: the root stages that read the profiles' results, run again after a profile's repro
-SUMMARIES = ("papers", "findings", "scales", "report")
+SUMMARIES = ("papers", "findings", "scales", "chronology", "report")
 #: what a profile writes under its own folder
 OWN = ("results", "figures", "runs")
 EXPERIMENT = "posenc-study"
