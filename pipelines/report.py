@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"report --check: {', '.join(rendered)} match the results")
         return 0
+    (root / PROFILES).mkdir(parents=True, exist_ok=True)  # the stage's output, empty in a study without profiles
     for rel, text in rendered.items():
         if not (root / rel).exists() or (root / rel).read_text() != text:
             write_text(root / rel, text)
