@@ -11,9 +11,12 @@ rows (``rope+pi``, ``rope+ntk``, ``rope+yarn``, ``rope+pi+ft4L``, dashed); posit
 bias; content-relative; then ``other`` for names that no ``conf/encoding`` YAML
 describes. The family comes from the scheme's class, and every scheme's colour,
 marker and dashes from ``analysis.style``: the same in every figure, and unchanged
-when schemes are added. NoPE (``none``), when it is in the data, is drawn in every
-panel as the reference, a thin grey dotted line labelled "none (reference)" (a
-column of its own only when nothing else is drawn).
+when schemes are added. The reference (``reference``: ``none`` unless given; the study's
+figure passes the LM table's reference, the scheme its tests compare against), when it
+is in the data, is drawn in every other family's panel as a thin grey dotted line
+labelled "<name> (<reference_label>)", and in its own family's panel as itself, labelled
+so too; a reference alone in its family (NoPE) has no column of its own unless nothing
+else is drawn.
 
 Each column has two panels on the same x axis, the evaluation length T on a log2
 axis (ticks ``64 (1L)``, ...) with a dashed vertical mark at the training length L:
@@ -26,7 +29,7 @@ axis (ticks ``64 (1L)``, ...) with a dashed vertical mark at the training length
   degrading ones rise above it, whatever their perplexity at L.
 
 The y axis is shared along each row (``sharey`` per row). Perplexity: so that
-levels can be compared across families (the NoPE reference sits at the same
+levels can be compared across families (the reference sits at the same
 height in every panel, and a scheme that is best at L but explodes past it is seen
 against the others); per-panel axes would make every panel look alike and zoom
 nearly coincident curves apart no better, since the ones that overlap here
@@ -45,7 +48,7 @@ show their point at L and are listed in the notes under the figure, as is a
 scheme with no row at L (no ratio). With several training lengths in the data the
 figure has one pair of rows (perplexity, ratio) per training length, each titled
 with its L. ``--schemes`` (``schemes=``) draws only the schemes named, plus
-``none`` as the reference when the data has it; a name with no rows stops with
+the reference when the data has it; a name with no rows stops with
 the list of the available ones. Writes <out>.png and <out>.svg.
 """
 
@@ -72,7 +75,7 @@ RATIO_ONE_GID = "ratio-one-mark"
 #: the gid of a scheme's line is SCHEME_GID + its name
 SCHEME_GID = "scheme:"
 REFERENCE = "none"
-#: the reference (NoPE) in every panel: grey and dotted, a style no scheme has
+#: the reference in every other family's panel: grey and dotted, a style no scheme has
 REFERENCE_COLOR, REFERENCE_LS = "0.5", (0, (1.2, 1.6))
 #: line width and marker size of the first scheme drawn in a panel, and how much each
 #: later one (drawn on top) is narrower: where schemes coincide (every RoPE rule equals
@@ -107,7 +110,7 @@ def line_schemes(ax) -> list[str]:
     return [ln.get_gid()[len(SCHEME_GID) :] for ln in scheme_lines(ax)]
 
 
-def _select(df, schemes: Sequence[str] | None) -> list[str]:
+def _select(df, schemes: Sequence[str] | None, reference: str = REFERENCE) -> list[str]:
     """The schemes to draw: all in the data, or ``schemes`` plus the reference."""
     available = sorted(df["scheme"].unique())
     if schemes is None:
@@ -118,8 +121,8 @@ def _select(df, schemes: Sequence[str] | None) -> list[str]:
     unknown = [s for s in schemes if s not in available]
     if unknown:
         raise ValueError(f"no results for scheme(s) {', '.join(unknown)}; available: {', '.join(available)}")
-    if REFERENCE in available and REFERENCE not in schemes:
-        schemes.append(REFERENCE)
+    if reference in available and reference not in schemes:
+        schemes.append(reference)
     return schemes
 
 
@@ -151,14 +154,21 @@ def _draw(ax, data, y: str, style, multi_seed: bool, reference: bool = False, ra
     ax.get_lines()[-1].set_gid(SCHEME_GID + style.name)
 
 
-def legend_handle(style, reference: bool = False, rank: int = 0):
-    """A legend entry drawn as the scheme's line is (``rank``: its drawing order in the panel)."""
+def legend_handle(style, reference: bool = False, rank: int = 0, label: str | None = None):
+    """A legend entry drawn as the scheme's line is (``rank``: its drawing order in the panel);
+    ``reference``: the grey dotted reference line, labelled "<name> (<label>)"."""
     if reference:
         return plt.Line2D([], [], color=REFERENCE_COLOR, linestyle=REFERENCE_LS, marker="o", lw=1.6, markersize=4,
-                          label=f"{style.name} (reference)")  # fmt: skip
+                          label=f"{style.name} ({label or 'reference'})")  # fmt: skip
     lw, ms = line_sizes(rank)
-    return plt.Line2D([], [], lw=lw, markersize=ms, markeredgecolor="w", markeredgewidth=0.75, label=style.label,
-                      **style.line_kws())  # fmt: skip
+    return plt.Line2D([], [], lw=lw, markersize=ms, markeredgecolor="w", markeredgewidth=0.75,
+                      label=style.label if label is None else f"{style.label} ({label})", **style.line_kws())  # fmt: skip
+
+
+def legend_columns(columns: Sequence[str]) -> int:
+    """Columns of each panel's legend: two side by side while the panels are few, one when five
+    or more share the width (their labels would run into the next panel's)."""
+    return 2 if len(columns) < 5 else 1
 
 
 def line_sizes(rank: int) -> tuple[float, float]:
@@ -182,24 +192,27 @@ def plot(
     title: str | None = None,
     schemes: Sequence[str] | None = None,
     conf_dir: str | os.PathLike | None = None,
+    reference: str = REFERENCE,
+    reference_label: str = "reference",
 ):
     """Build the figure from results files; returns (figure, [png, svg]).
 
-    ``schemes``: draw only these (plus ``none`` as the reference when the data has
-    it); a name with no rows raises ValueError listing the available ones.
-    ``conf_dir``: the Hydra config root whose ``encoding/`` gives each scheme's class
-    (default: posenc's ``conf/``)."""
+    ``schemes``: draw only these (plus the reference when the data has it); a name with
+    no rows raises ValueError listing the available ones. ``reference``: the scheme drawn
+    in every panel, labelled with ``reference_label``. ``conf_dir``: the Hydra config root
+    whose ``encoding/`` gives each scheme's class (default: posenc's ``conf/``)."""
     df = read_results(paths)
     if "method" in df:
         if method not in set(df["method"]):
             raise ValueError(f"no rows with method={method!r} in {list(paths)}; found {sorted(set(df['method']))}")
         df = df[df["method"] == method]
-    drawn = _select(df, schemes)
+    drawn = _select(df, schemes, reference)
     df = _with_ratio(df[df["scheme"].isin(drawn)].copy())
     st = styles(drawn, conf_dir)
     families = by_family(drawn, conf_dir)
-    ref = REFERENCE if REFERENCE in drawn else None
-    columns = [f for f in families if f != "none" or len(families) == 1]
+    ref = reference if reference in drawn else None
+    home = st[ref].family if ref else None  # the reference's own family: drawn there as itself
+    columns = [f for f in families if f != home or families[f] != [ref] or len(families) == 1]
     train_lens = sorted(int(x) for x in df["train_len"].unique())
 
     sns.set_theme(style="whitegrid", context="notebook")
@@ -211,16 +224,17 @@ def plot(
     for c, fam in enumerate(columns):  # one legend per column, in a row of its own under the panels
         lax = fig.add_subplot(gs[-1, c])
         lax.axis("off")
-        handles = [legend_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
-        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
-        handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members)]
-        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
+        handles = [legend_handle(st[ref], reference=True, label=reference_label)] if ref and fam != home else []
+        handles += [legend_handle(st[s], rank=rank, label=reference_label if s == ref else None)
+                    for rank, s in enumerate(families[fam])]
+        lax.legend(handles=handles, loc="upper center", ncol=legend_columns(columns), frameon=False, fontsize=9,
+                   handlelength=2.6,
                    columnspacing=1.2, borderaxespad=0.0)  # fmt: skip
     fig.suptitle(title or f"Train short, test long: perplexity vs evaluation length, by family\n"
                  f"{_detail(df, method, train_lens)}", fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")
     legend_notes = ["dashed: a context-extension rule of RoPE (rope+<rule>)"] if any("+" in s for s in drawn) else []
-    if ref is not None and columns != ["none"]:
-        legend_notes.insert(0, "grey dotted: none (NoPE), the reference, repeated in every panel")
+    if ref is not None and columns != [home]:
+        legend_notes.insert(0, f"grey dotted: {ref}, {reference_label}, repeated in every other family's panel")
     fig.text(0.01, 0.0, "\n".join(legend_notes + notes), fontsize=8, va="top", color="0.3")
     out = Path(out)
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
@@ -231,8 +245,9 @@ def _grid(families: dict, columns: list[str], train_lens: list[int], ref: str | 
     """The figure, its grid and its axes: per training length a perplexity row and a ratio
     row (axes[2i], axes[2i + 1]) sharing x, a spacer row under them for the ratio row's x labels,
     and a row for the legends at the bottom; the columns share y."""
-    n_legend = max(len(families[f]) + (ref is not None and f != "none") for f in columns)
-    legend_h = 0.05 + 0.22 * int(np.ceil(n_legend / 2))
+    home = None if ref is None else next(f for f, members in families.items() if ref in members)
+    n_legend = max(len(families[f]) + (ref is not None and f != home) for f in columns)
+    legend_h = 0.05 + 0.22 * int(np.ceil(n_legend / legend_columns(columns)))
     heights = [h for i in range(len(train_lens)) for h in (3.3, 2.4, 0.75 if i == len(train_lens) - 1 else 1.25)]
     heights.append(legend_h)
     fig = plt.figure(figsize=(0.6 + 3.9 * len(columns), sum(heights) + 1.1))
@@ -272,9 +287,9 @@ def _length_rows(rows, sub, L: int, several: bool, columns: list[str], families:
     ticks = sorted(int(x) for x in sub["eval_len"].unique())
     for c, fam in enumerate(columns):
         ax_p, ax_r = rows[0, c], rows[1, c]
-        members = [s for s in families[fam] if s != REFERENCE or fam == "none"]
+        members = families[fam]
         for ax, y in ((ax_p, "ppl"), (ax_r, "ratio")):
-            if ref is not None and fam != "none":
+            if ref is not None and ref not in members:
                 _draw(ax, sub[sub["scheme"] == ref], y, st[ref], multi_seed, reference=True)
             for rank, s in enumerate(members):
                 _draw(ax, sub[sub["scheme"] == s], y, st[s], multi_seed, rank=rank)

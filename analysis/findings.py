@@ -1,18 +1,21 @@
-"""The comparisons the report states that read across tables or studies, each a family with a
-reference fixed before the data (``analysis.stats``): the flat-perplexity schemes' retrieval,
-the controls (T5 with every bucket trained), the fairness profiles (each scheme at its best
-learning rate, for 4x the steps) and what each family can decide with its seeds.
+"""The comparisons the report states that read across tables or studies (``analysis.stats``):
+the flat-perplexity schemes' retrieval, the controls (T5 with every bucket trained), the
+fairness profiles (each scheme at its best learning rate, for 4x the steps), what each family
+can decide with its seeds, where the ratio and the absolute perplexity disagree, and the
+primary hypotheses params.yaml names.
 
-Nothing here draws or words a sentence: ``pipelines.report`` renders these results.
+Nothing here draws or words a sentence: ``pipelines.findings`` writes these results, the
+report renders them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from .papers import interval
 from .scales import compare as kendall_compare
-from .stats import AHEAD, BEHIND, EQUIVALENT, UNDECIDED, UNTESTED, against, compare, family, tally
+from .stats import AHEAD, BEHIND, DECIDED, EQUIVALENT, UNDECIDED, UNTESTED, against, compare, family, tally
 
 
 def ratios(lm: Mapping) -> dict[str, list[float]]:
@@ -36,8 +39,8 @@ def flat_retrieval(lm: Mapping, retrieval: Mapping, multiple: int, reference: st
                    retrieval_margin: float) -> dict:
     """Does a flat perplexity curve mean retrieval at length? The flat schemes (``flat_schemes``)
     with a retrieval row at ``multiple``, their per-seed exact match there, and each against
-    ``reference`` (fixed in params: the LM table's reference, Press et al.'s flat scheme) as
-    one family, when the reference is among them."""
+    ``reference`` (the LM table's reference in params, Press et al.'s flat scheme) as one
+    family, when the reference is among them."""
     schemes = retrieval.get("schemes") or {}
     flats = [s for s in flat_schemes(lm, margin) if str(multiple) in (schemes.get(s) or {}).get("lengths", {})]
     values = {s: schemes[s]["lengths"][str(multiple)]["values"] for s in flats}
@@ -48,7 +51,9 @@ def flat_retrieval(lm: Mapping, retrieval: Mapping, multiple: int, reference: st
 def t5_control(lm: Mapping, retrieval: Mapping, top: int, margins: Mapping, plain: str = "t5_bias",
                variant: str = "t5_bias_scaled") -> dict:
     """T5 with every bucket trained (``variant``) against T5 as the study runs it (``plain``):
-    the perplexity ratio (log scale) and the exact match at the longest length, one family."""
+    the perplexity ratio (log scale) and the exact match at the longest length, one family;
+    with ``explained``, the share of ``plain``'s excess ratio over the LM table's reference
+    (on the log scale) that the variant removes."""
     tests = {}
     r = ratios(lm)
     if plain in r and variant in r:
@@ -56,7 +61,12 @@ def t5_control(lm: Mapping, retrieval: Mapping, top: int, margins: Mapping, plai
     cells = {s: ((retrieval.get("schemes") or {}).get(s) or {}).get("lengths", {}).get(str(top)) for s in (plain, variant)}
     if all(cells.values()):
         tests["exact"] = compare(cells[variant]["values"], cells[plain]["values"], "points", margins["retrieval"])
-    return family(tests)
+    out = family(tests)
+    vs = {s: (((lm.get(s) or {}).get("tests") or {}).get("ratio") or {}).get(str(top)) for s in (plain, variant)}
+    if out and all(vs.values()) and vs[plain]["diff"] != 1:
+        out["explained"] = {"share": 1 - math.log(vs[variant]["diff"]) / math.log(vs[plain]["diff"]),
+                            "plain": vs[plain], "variant": vs[variant]}
+    return out
 
 
 def power(families: Mapping[str, Mapping[str, Mapping]]) -> list[dict]:
@@ -67,10 +77,56 @@ def power(families: Mapping[str, Mapping[str, Mapping]]) -> list[dict]:
         if not tests:
             continue
         t = tally(tests)
-        w = t["words"]
-        out.append({"name": name, "seeds": t["seeds"], "m": t["m"], "decided": w[AHEAD] + w[BEHIND],
-                    "equivalent": w[EQUIVALENT], "undecided": w[UNDECIDED], "untested": w[UNTESTED],
+        v = t["verdicts"]
+        out.append({"name": name, "seeds": t["seeds"], "m": t["m"], "decided": v[AHEAD] + v[BEHIND],
+                    "equivalent": v[EQUIVALENT], "undecided": v[UNDECIDED], "untested": v[UNTESTED],
                     "needed": t["needed"]})
+    return out
+
+
+def with_seeds(samples: Mapping[str, Sequence[float]], reference: str, n: int, scale: str, margin: float,
+               higher_is_better: bool = True) -> dict:
+    """The family ``against(samples, reference)`` redone with the first ``n`` seeds of every
+    scheme (seed order): how many it would decide with fewer seeds (``tally``)."""
+    return tally(against({s: list(v)[:n] for s, v in samples.items()}, reference, scale, margin, higher_is_better))
+
+
+def ratio_and_absolute(lm: Mapping, k: int) -> list[dict]:
+    """The schemes whose verdict against the reference at kL differs between the ratio
+    ppl(kL) / ppl(L) and the absolute perplexity at kL: [{scheme, ratio, ppl}] (the tests)."""
+    out = []
+    for s, e in lm.items():
+        t = e.get("tests") or {}
+        r, p = (t.get("ratio") or {}).get(str(k)), (t.get("ppl") or {}).get(str(k))
+        if r and p and r["verdict"] != p["verdict"]:
+            out.append({"scheme": s, "ratio": r, "ppl": p})
+    return out
+
+
+def primary(spec: Sequence[Mapping], lm: Mapping, pairs: Mapping, mlm: Mapping, retrieval: Mapping) -> list[dict]:
+    """The primary hypotheses params.yaml names (``primary``), each a family the tables already
+    tested, gathered: [{name, why, family, ..., tests: {label: test}}]. A family is ``lm_reference``
+    (every scheme's ``quantity`` against the LM table's reference at ``multiple``), ``lm_pairs`` (the
+    pairs of ``group``), ``mlm_question`` (the masked-LM question against each scheme named) or
+    ``retrieval_reference`` (every scheme's exact match against the retrieval table's reference at
+    ``multiple``)."""
+    out = []
+    for h in spec:
+        kind, k = h["family"], str(h.get("multiple", ""))
+        if kind == "lm_reference":
+            tests = {s: t for s, e in lm.items()
+                     if (t := ((e.get("tests") or {}).get(h["quantity"]) or {}).get(k))}
+        elif kind == "lm_pairs":
+            tests = {key: t for key, p in (pairs.get(h["group"]) or {}).items() if (t := (p.get(h["quantity"]) or {}).get(k))}
+        elif kind == "mlm_question":
+            tests = dict(mlm.get("tests") or {})
+        elif kind == "retrieval_reference":
+            tests = {s: c["vs"] for s, e in (retrieval.get("schemes") or {}).items()
+                     if "vs" in (c := (e.get("lengths") or {}).get(k) or {})}
+        else:
+            raise ValueError(f"primary {h.get('name')!r}: family {kind!r} is not one of lm_reference, lm_pairs, "
+                             "mlm_question, retrieval_reference; fix params.yaml's primary")
+        out.append({**h, "tests": tests})
     return out
 
 
@@ -102,15 +158,19 @@ def best_rate(profiles: Mapping[str, object], read, lower_is_better: bool) -> di
     return {s: {"rate": choose(v, key=v.get), "value": choose(v.values()), "by_rate": v} for s, v in sorted(by.items())}
 
 
-def fairness(default, profiles: Mapping[str, object], default_rate: str) -> dict:
+def fairness(default, profiles: Mapping[str, object], default_rate: str, margins: Mapping) -> dict:
     """The default study against the fairness profiles ({rate: Study}, one seed each, 4x the
     steps): Kendall's τ of every LM and MLM ordering between the default study and (a) the
     profile at the default rate (the budget alone), (b) each scheme at its best rate (the
-    budget and the rate), with each scheme's best rate; and each comparison the default
-    study decides, with its direction at the tuned, longer budget."""
+    budget and the rate), with each scheme's best rate; each comparison the default study
+    decides, with the same difference at the tuned, longer budget and at the longer budget
+    alone, its direction and its size against the table's margin (``margins``: lm, mlm); and
+    each scheme's ratio at both budgets (``growth``)."""
     lm_best, mlm_best = best_rate(profiles, ppl_at_l, True), best_rate(profiles, accuracy, False)
     same = profiles[default_rate]
     tuned_ratio = {s: _ratio_of(profiles[b["rate"]], s) for s, b in lm_best.items()}
+    for s, b in lm_best.items():
+        b["tuned_ratio"] = tuned_ratio[s][0] if tuned_ratio[s] else None
     tuned_acc = {s: [profiles[b["rate"]].mlm["summary"][s]["acc_mean"]] for s, b in mlm_best.items()}
     d_ratio, d_acc = ratios(default.lm), {s: e["acc"] for s, e in default.mlm["summary"].items()}
     d_ratio = {s: v for s, v in d_ratio.items() if "+" not in s}
@@ -120,19 +180,20 @@ def fairness(default, profiles: Mapping[str, object], default_rate: str) -> dict
         "mlm": {"budget": kendall_compare(d_acc, {s: [e["acc_mean"]] for s, e in same.mlm["summary"].items()}, True),
                 "tuned": kendall_compare(d_acc, tuned_acc, True)},
     }
+    top = str(max(int(k) for e in default.lm.values() for k in e.get("ratios", {})))
     findings = []
-    for s, t in default.lm.items():
-        c = t.get("vs_reference")
+    for s, e in default.lm.items():
+        c = ((e.get("tests") or {}).get("ratio") or {}).get(top)
         ref = c and c["against"]
-        if c and c["word"] in (AHEAD, BEHIND) and tuned_ratio.get(s) and tuned_ratio.get(ref):
-            findings.append(_direction(f"LM: `{s}`'s ratio against `{ref}`'s", c, tuned_ratio[s][0] / tuned_ratio[ref][0],
-                                       _ratio_of(same, s), _ratio_of(same, ref), log=True))
+        if c and c["verdict"] in DECIDED and tuned_ratio.get(s) and tuned_ratio.get(ref):
+            findings.append(_direction("ratio", s, ref, c, tuned_ratio[s][0] / tuned_ratio[ref][0],
+                                       _ratio_of(same, s), _ratio_of(same, ref), margins["lm"]))
     for o, c in (default.mlm.get("tests") or {}).items():
         q = default.mlm["question"]
-        if c["word"] in (AHEAD, BEHIND) and q in tuned_acc and o in tuned_acc:
-            findings.append(_direction(f"MLM: `{q}`'s accuracy against `{o}`'s", c, tuned_acc[q][0] - tuned_acc[o][0],
+        if c["verdict"] in DECIDED and q in tuned_acc and o in tuned_acc:
+            findings.append(_direction("accuracy", q, o, c, tuned_acc[q][0] - tuned_acc[o][0],
                                        [same.mlm["summary"].get(q, {}).get("acc_mean")],
-                                       [same.mlm["summary"].get(o, {}).get("acc_mean")], log=False))
+                                       [same.mlm["summary"].get(o, {}).get("acc_mean")], margins["mlm"]))
     growth = {s: {"default": sum(v) / len(v), "longer": _ratio_of(same, s)[0]} for s, v in d_ratio.items()
               if _ratio_of(same, s)}
     return {"lm_best": lm_best, "mlm_best": mlm_best, "taus": taus, "findings": findings, "growth": growth}
@@ -147,34 +208,26 @@ def _drop_empty(d: Mapping[str, list]) -> dict:
     return {k: v for k, v in d.items() if v}
 
 
-def _direction(finding: str, test: Mapping, tuned: float, same_a: Sequence, same_b: Sequence, log: bool) -> dict:
-    """A decided comparison of the default study against the sign of the same difference at the
-    tuned, longer budget (one seed: a direction, not a test) and at the default rate, longer."""
+def within(value: float, margin: float, log: bool) -> bool:
+    """Whether a difference (a factor when ``log``, else points) lies within the margin."""
+    return 1 / (1 + margin) <= value <= 1 + margin if log else abs(value) < margin
+
+
+def _direction(kind: str, a: str, b: str, test: Mapping, tuned: float, same_a: Sequence, same_b: Sequence,
+               margin: float) -> dict:
+    """A decided comparison of the default study (a against b, ``kind``: the LM table's "ratio" or
+    the masked LM's "accuracy") beside the same
+    difference at the tuned, longer budget and at the default rate, longer (one seed each: a
+    direction and a size, not a test): whether each points the same way and lies within the
+    table's margin."""
+    log = kind == "ratio"
     neutral = 1.0 if log else 0.0
-    default_up = (test["diff"] > neutral)
+    default_up = test["diff"] > neutral
     budget = None
     if same_a and same_b and same_a[0] is not None and same_b[0] is not None:
         budget = (same_a[0] / same_b[0]) if log else (same_a[0] - same_b[0])
-    return {"finding": finding, "word": test["word"], "diff": test["diff"], "tuned": tuned, "budget": budget,
-            "holds_tuned": (tuned > neutral) == default_up, "holds_budget": None if budget is None else
-            (budget > neutral) == default_up, "log": log}
-
-
-def with_seeds(samples: Mapping[str, Sequence[float]], reference: str, n: int, scale: str, margin: float,
-               higher_is_better: bool = True) -> dict:
-    """The family ``against(samples, reference)`` redone with the first ``n`` seeds of every
-    scheme (seed order): how many it would decide with fewer seeds (``tally``)."""
-    return tally(against({s: list(v)[:n] for s, v in samples.items()}, reference, scale, margin, higher_is_better))
-
-
-def at_length(lm: Mapping, a: str, b: str, multiple: int, margin: float) -> dict | None:
-    """Perplexity at ``multiple`` x L of row ``a`` against row ``b`` (per seed, log scale, lower is
-    better), a family of one; None when either lacks values there."""
-    def values(s: str) -> list[float]:
-        e = lm.get(s) or {}
-        return list((e.get("lengths", {}).get(str(multiple * e.get("train_len", 0))) or {}).get("values") or [])
-
-    x, y = values(a), values(b)
-    if not x or not y:
-        return None
-    return family({a: compare(x, y, "log", margin) | {"against": b}}, higher_is_better=False)[a]
+    return {"kind": kind, "a": a, "b": b, "verdict": test["verdict"], "diff": test["diff"], "tuned": tuned,
+            "budget": budget, "log": log, "margin": margin, "holds_tuned": (tuned > neutral) == default_up,
+            "tuned_within_margin": within(tuned, margin, log),
+            "holds_budget": None if budget is None else (budget > neutral) == default_up,
+            "budget_within_margin": None if budget is None else within(budget, margin, log)}

@@ -1,11 +1,14 @@
-"""The study against the papers, claim by claim (``docs/literature.yaml``): each claim's
-comparisons run on the study's results, corrected together as one family, and the verdict
-their words give.
+"""The study against the papers, claim by claim (``docs/literature.yaml``): each claim's tests
+read from the study's own tables, and the verdict their ids give.
 
-A claim lists tests (see the file's header for the kinds). The comparisons (``lm_ratio``,
-``lm_at``, ``exact``) of one paper's claims form a family (``analysis.stats.family``, Holm);
-``rule`` reads the LM table's own family of context-extension rows; ``flat`` and ``band``
-are conditions on intervals over seeds:
+A claim lists tests (see the file's header for the kinds). A comparison is never tested a
+second time here: ``lm_ratio`` and ``lm_at`` read the LM table's test (a scheme against the
+table's reference, read the other way round when the claim names the reference first) or the
+test of a pair params.yaml names (``lm_table.pairs``); ``rule`` reads a context-extension row
+against its plain row (paired); ``exact`` reads the retrieval table's test against its
+reference. Each is read at every multiple of L the table holds (``by_multiple``), and the claim
+is met at the multiple nearest the paper's own range (the paper's ``multiple``; a test may fix
+its own). ``flat`` and ``band`` are conditions on intervals over seeds:
 
 * ``flat``: the ratio's 95% interval (Student's t over seeds) lies within 1 ± the LM margin
   (agrees), or wholly above 1 + the margin (disagrees);
@@ -13,14 +16,17 @@ are conditions on intervals over seeds:
   ±``weak``), and so does MiniLM's single value; a scheme whose interval lies wholly on the
   other side disagrees.
 
-A test agrees when its word is one the claim expects, disagrees when it is the opposite
-decided word or an equivalence where a difference was expected, and is undecided otherwise.
-A claim agrees when all its tests agree, disagrees when all that decide disagree, holds
-"in part" when some agree and some disagree, and is undecided when none decides. Where a
-claim disagrees, its ``controls`` (the same test in a profile) give the reason: a control
-that agrees with the paper; else one where the difference is no longer decided (the setting
-it changes may explain the disagreement, without showing the paper's finding); else
-"unexplained".
+A test agrees when its verdict is one the claim expects, disagrees when it is the opposite
+decided verdict or an equivalence where a difference was expected, and is undecided otherwise.
+A claim (``combine``) *agrees* when all its tests agree and *disagrees* when all disagree; it
+*agrees where decided* when some agree and the rest are undecided (and *disagrees where
+decided* the other way round); it holds *in part* when some tests agree and some disagree;
+it is *undecided* when none decides. A claim the paper did not make (``reading``) or one the
+study cannot test (``untested``) stays outside the tally. Where a claim disagrees, its
+``controls`` (the same test in a profile) give the reason: a control that agrees with the
+paper; else one where the difference is no longer decided (the setting it changes may explain
+the disagreement, without showing the paper's finding); else none. The reasons are data
+(``reason``); ``analysis.words`` says them.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .stats import AHEAD, BEHIND, EQUIVALENT, UNDECIDED, UNTESTED, compare, family, mean_sd
+from .stats import AHEAD, BEHIND, EQUIVALENT, UNDECIDED, UNTESTED, compare, family, mean_sd, reversed_test
 
-#: the words a claim's ``expect`` may name
+#: the verdicts a claim's ``expect`` may name
 SHORT = {"ahead": AHEAD, "behind": BEHIND, "equivalent": EQUIVALENT}
-AGREES, DISAGREES, IN_PART, UNDECIDED_CLAIM, UNTESTED_CLAIM = "agrees", "disagrees", "in part", "undecided", "untested"
+#: a claim's verdict ids (``analysis.words.CLAIMS`` says them)
+AGREES, DISAGREES, IN_PART, UNDECIDED_CLAIM, UNTESTED_CLAIM = "agrees", "disagrees", "in_part", "undecided", "untested"
+AGREES_WHERE_DECIDED, DISAGREES_WHERE_DECIDED = "agrees_where_decided", "disagrees_where_decided"
+CLAIM_VERDICTS = (AGREES, AGREES_WHERE_DECIDED, IN_PART, DISAGREES_WHERE_DECIDED, DISAGREES, UNDECIDED_CLAIM,
+                  UNTESTED_CLAIM)
+COMPARISONS = ("lm_ratio", "lm_at", "rule", "exact")
 
 
 def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
@@ -46,44 +57,51 @@ def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float
     return m - half, m + half
 
 
-def _ratio(lm: Mapping, s: str) -> list[float]:
-    return list((lm.get(s) or {}).get("ratio_longest", {}).get("values") or [])
+def _either_way(tests_of_a: Mapping | None, tests_of_b: Mapping | None, a: str, b: str) -> dict | None:
+    """{k: a's test against b}: a's own tests when they are against b, or b's against a read
+    the other way round; None when neither is."""
+    if tests_of_a and next(iter(tests_of_a.values()))["against"] == b:
+        return dict(tests_of_a)
+    if tests_of_b and next(iter(tests_of_b.values()))["against"] == a:
+        return {k: reversed_test(t, b) for k, t in tests_of_b.items()}
+    return None
 
 
-def _ppl_at(lm: Mapping, s: str, multiple: int) -> list[float]:
-    e = lm.get(s) or {}
-    cell = e.get("lengths", {}).get(str(multiple * e.get("train_len", 0))) or {}
-    return list(cell.get("values") or [])
+def lm_tests(lm: Mapping, pairs: Mapping, a: str, b: str, quantity: str) -> dict | None:
+    """{k: test} of a's ``quantity`` ("ratio" or "ppl") against b's at every multiple: the LM
+    table's test against its reference, or a named pair's (either way round)."""
+    found = _either_way(((lm.get(a) or {}).get("tests") or {}).get(quantity),
+                        ((lm.get(b) or {}).get("tests") or {}).get(quantity), a, b)
+    if found:
+        return found
+    for group in pairs.values():
+        p, q = group.get(f"{a}:{b}"), group.get(f"{b}:{a}")
+        if p and p.get(quantity):
+            return dict(p[quantity])
+        if q and q.get(quantity):
+            return {k: reversed_test(t, b) for k, t in q[quantity].items()}
+    return None
 
 
-def _exact(retrieval: Mapping, s: str, multiple: int) -> list[float]:
-    cell = ((retrieval.get("schemes") or {}).get(s) or {}).get("lengths", {}).get(str(multiple)) or {}
-    return list(cell.get("values") or [])
+def exact_tests(retrieval: Mapping, a: str, b: str) -> dict | None:
+    """{k: test} of a's exact match against b's at every multiple (the retrieval table's family
+    against its reference, either way round)."""
+    schemes = retrieval.get("schemes") or {}
+
+    def of(s):
+        return {k: c["vs"] for k, c in ((schemes.get(s) or {}).get("lengths") or {}).items() if "vs" in c} or None
+
+    return _either_way(of(a), of(b), a, b)
 
 
-def comparison(test: Mapping, lm: Mapping, retrieval: Mapping, top: int, margins: Mapping) -> dict | None:
-    """The comparison a test of kind lm_ratio, lm_at or exact asks for (``analysis.stats.compare``),
-    or None when a side has no values."""
-    a, b = test["a"], test["b"]
-    if test["kind"] == "lm_ratio":
-        x, y, scale, margin = _ratio(lm, a), _ratio(lm, b), "log", margins["lm"]
-    elif test["kind"] == "lm_at":
-        x, y, scale, margin = _ppl_at(lm, a, test["multiple"]), _ppl_at(lm, b, test["multiple"]), "log", margins["lm"]
-    else:
-        x, y, scale, margin = _exact(retrieval, a, top), _exact(retrieval, b, top), "points", margins["retrieval"]
-    if not x or not y:
-        return None
-    return compare(x, y, scale, margin) | {"a": a, "b": b, "against": b, "higher_is_better": scale == "points"}
-
-
-def judge(word: str, expect: Sequence[str]) -> str:
-    """A test's word against the words a claim expects."""
+def judge(verdict: str, expect: Sequence[str]) -> str:
+    """A test's verdict against the verdicts a claim expects."""
     wanted = {SHORT[e] for e in expect}
-    if word in wanted:
+    if verdict in wanted:
         return AGREES
-    if word in (AHEAD, BEHIND) or (word == EQUIVALENT and EQUIVALENT not in wanted):
+    if verdict in (AHEAD, BEHIND) or (verdict == EQUIVALENT and EQUIVALENT not in wanted):
         return DISAGREES
-    return UNDECIDED_CLAIM if word in (UNDECIDED, UNTESTED) else DISAGREES
+    return UNDECIDED_CLAIM if verdict in (UNDECIDED, UNTESTED) else DISAGREES
 
 
 def flat_condition(values: Sequence[float], margin: float) -> dict:
@@ -123,111 +141,126 @@ def band_condition(test: Mapping, correlations: Mapping, minilm: Mapping, limits
 
 def combine(verdicts: Sequence[str]) -> str:
     """A claim's verdict from its tests' (see the module doc)."""
-    decided = [v for v in verdicts if v in (AGREES, DISAGREES)]
-    if not decided:
-        return UNDECIDED_CLAIM
-    if all(v == AGREES for v in verdicts):
-        return AGREES
-    if all(v == DISAGREES for v in decided):
-        return DISAGREES if len(decided) == len(verdicts) else IN_PART
-    return IN_PART
+    agree, disagree = AGREES in verdicts, DISAGREES in verdicts
+    if agree and disagree:
+        return IN_PART
+    if agree:
+        return AGREES if all(v == AGREES for v in verdicts) else AGREES_WHERE_DECIDED
+    if disagree:
+        return DISAGREES if all(v == DISAGREES for v in verdicts) else DISAGREES_WHERE_DECIDED
+    return UNDECIDED_CLAIM
+
+
+def comparison(test: Mapping, study, multiple: int) -> dict:
+    """A comparison test of a claim read from the study's tables: ``by_multiple`` {k: test},
+    ``at`` (the multiple it is met at), ``comparison`` (the test there) and ``verdict``."""
+    kind, a = test["kind"], test["a"]
+    at = int(test.get("multiple", multiple))
+    if kind == "rule":
+        found = dict(((study.lm.get(a) or {}).get("rule") or {}).get("ratio") or {}) or None
+    elif kind == "exact":
+        found = exact_tests(study.retrieval, a, test["b"])
+    else:
+        found = lm_tests(study.lm, study.lm_pairs, a, test["b"], "ratio" if kind == "lm_ratio" else "ppl")
+    if kind == "lm_at" and found:
+        found = {str(at): found[str(at)]} if str(at) in found else None
+    c = (found or {}).get(str(at))
+    return {"test": test, "at": at, "by_multiple": found or {}, "comparison": c,
+            "verdict": judge(c["verdict"], test["expect"]) if c else UNDECIDED_CLAIM}
+
+
+def _ratio_at(lm: Mapping, s: str, k: int) -> list[float]:
+    e = lm.get(s) or {}
+    return list(((e.get("ratios") or {}).get(str(k)) or {}).get("values") or [])
 
 
 def against_papers(literature: Mapping, study, profiles: Mapping) -> list[dict]:
     """Every claim of ``literature`` with its tests, verdict and reason (see the module doc).
-    ``study`` is the default study (``pipelines.results.Study``: its ``lm``, ``correlations``,
-    ``minilm``, ``params``, ``top``), ``profiles`` {name: Study}; the retrieval tests read the
-    ``retrieval-seeds`` profile when it has results."""
-    lm, top = study.lm, study.top
-    retrieval = (profiles.get("retrieval-seeds") or study).retrieval
-    margins = {"lm": study.params["lm_table"]["margin"], "retrieval": study.params["retrieval_table"]["margin"]}
-    rows, pending = [], {}
+    ``study`` is the default study (``pipelines.results.Study``: its ``lm``, ``lm_pairs``,
+    ``correlations``, ``minilm``, ``params``; its ``retrieval`` is the one the retrieval claims
+    read), ``profiles`` {name: Study} for the controls."""
+    margin = study.params["lm_table"]["margin"]
+    rows = []
     for claim in literature["claims"]:
-        row = {**claim, "paper_key": claim["paper"], "paper": literature["papers"][claim["paper"]], "results": []}
-        for i, test in enumerate(claim.get("tests", [])):
+        paper = literature["papers"][claim["paper"]]
+        multiple = int(paper.get("multiple", 1))
+        row = {**claim, "paper_key": claim["paper"], "paper": paper, "multiple": multiple, "results": [],
+               "tallied": "reading" not in claim and "untested" not in claim}
+        for test in claim.get("tests", []):
             kind = test["kind"]
-            if kind in ("lm_ratio", "lm_at", "exact"):
-                c = comparison(test, lm, retrieval, top, margins)
-                if c is not None:
-                    pending[(f"{claim['paper']}/{claim['key']}", i)] = c
-                row["results"].append({"test": test, "comparison": c})
-            elif kind == "rule":
-                t = (lm.get(test["a"]) or {}).get("vs_plain")
-                row["results"].append({"test": test, "comparison": t,
-                                       "verdict": judge(t["word"], test["expect"]) if t else UNDECIDED_CLAIM})
+            if kind in COMPARISONS:
+                row["results"].append(comparison(test, study, multiple))
             elif kind == "flat":
-                row["results"].append({"test": test, **flat_condition(_ratio(lm, test["a"]), margins["lm"])})
+                row["results"].append({"test": test, "at": multiple,
+                                        **flat_condition(_ratio_at(study.lm, test["a"], multiple), margin)})
             else:
                 row["results"].append({"test": test, **band_condition(test, study.correlations, study.minilm,
                                                                       literature["band"])})
-        rows.append(row)
-    judged = {}
-    for paper in {key[0].split("/")[0] for key in pending}:  # a family per paper: its claims, Holm together
-        judged.update(family({k: c for k, c in pending.items() if k[0].split("/")[0] == paper}))
-    for row in rows:
-        for i, r in enumerate(row["results"]):
-            key = (f"{row['paper_key']}/{row['key']}", i)
-            if key in judged:
-                c = judged[key]
-                r["comparison"], r["verdict"] = c, judge(c["word"], r["test"]["expect"])
-            elif "verdict" not in r:
-                r["verdict"] = UNDECIDED_CLAIM
         row["verdict"] = UNTESTED_CLAIM if "untested" in row else combine([r["verdict"] for r in row["results"]])
         expect = next((t["expect"] for t in row.get("tests", []) if "expect" in t), ["ahead"])
-        row["controls"] = [_control(c, profiles, margins, expect, study) for c in row.get("controls", [])]
-        row["reason"] = _reason(row)
+        row["controls"] = [_control(c, profiles, margin, expect, study, multiple) for c in row.get("controls", [])]
+        row["reason"] = reason(row)
+        rows.append(row)
     return rows
 
 
-def _control(control: Mapping, profiles: Mapping, margins: Mapping, expect: Sequence[str], study) -> dict:
-    """A control: the claim's test in the profile that changes one setting, and how that setting
-    moves each of the two schemes (``shifts``: each scheme's ratio in the profile against its
-    ratio in the default study, a family of two; lm_ratio controls only)."""
+def _control(control: Mapping, profiles: Mapping, margin: float, expect: Sequence[str], study, multiple: int) -> dict:
+    """A control: the claim's test read from the profile that changes one setting, and how that
+    setting moves each of the two schemes (``shifts``: each scheme's ratio in the profile against
+    its ratio in the default study at the same multiple, a family of two; lm_ratio controls only)."""
     prof = profiles.get(control["study"])
     if prof is None:
         return {**control, "comparison": None, "verdict": UNTESTED_CLAIM, "shifts": {}}
-    c = comparison(control, prof.lm, prof.retrieval if control["kind"] == "exact" else {}, prof.top, margins)
-    if c is None:
+    read = comparison({**control, "expect": expect}, prof, multiple)
+    if read["comparison"] is None:
         return {**control, "comparison": None, "verdict": UNTESTED_CLAIM, "shifts": {}}
-    c = family({"c": c})["c"]
     shifts = {}
     if control["kind"] == "lm_ratio":
-        moved = {s: compare(_ratio(prof.lm, s), _ratio(study.lm, s), "log", margins["lm"]) | {"against": s}
-                 for s in (control["a"], control["b"]) if _ratio(prof.lm, s) and _ratio(study.lm, s)}
+        moved = {s: compare(_ratio_at(prof.lm, s, multiple), _ratio_at(study.lm, s, multiple), "log", margin)
+                 | {"against": s} for s in (control["a"], control["b"])
+                 if _ratio_at(prof.lm, s, multiple) and _ratio_at(study.lm, s, multiple)}
         shifts = family(moved, higher_is_better=False)
-    return {**control, "comparison": c, "verdict": judge(c["word"], expect), "shifts": shifts}
+    return {**control, "at": read["at"], "comparison": read["comparison"], "by_multiple": read["by_multiple"],
+            "verdict": read["verdict"], "shifts": shifts}
 
 
-def _reason(row: Mapping) -> str | None:
-    """Why a claim does not simply agree: for one that holds in part, the schemes it does not
-    hold against and those left undecided; where it disagrees, a control that agrees with the
-    paper, else one that leaves the difference undecided (the setting it changes may explain it),
-    else "unexplained"."""
-    if row["verdict"] not in (DISAGREES, IN_PART):
+def reason(row: Mapping) -> dict | None:
+    """Why a claim does not simply agree, as data (``analysis.words.reason`` says it): the
+    schemes it does not hold against (``against``) and those left undecided (``undecided``),
+    and where a test disagrees what the controls say (``control``: ``agrees`` with the
+    control's label, ``undecided`` with the schemes whose ratio the setting moves and those it
+    does not, or ``none`` with the label of a control that disagrees too, if any ran)."""
+    if row["verdict"] in (AGREES, UNDECIDED_CLAIM, UNTESTED_CLAIM):
         return None
-    parts = []
-    if row["verdict"] == IN_PART:
-        for verdict, words in ((DISAGREES, "it does not hold against"), (UNDECIDED_CLAIM, "undecided against")):
-            names = [r["test"].get("b") or r["test"].get("a") for r in row["results"] if r["verdict"] == verdict]
-            if names:
-                parts.append(f"{words} {', '.join(f'`{s}`' for s in names)}")
-    if row["verdict"] == DISAGREES or any(r["verdict"] == DISAGREES for r in row["results"]):
-        parts.append(_why(row["controls"]))
-    return "; ".join(parts)
+
+    def named(verdict):
+        return [r["test"].get("b") or (r.get("comparison") or {}).get("against") or r["test"].get("a")
+                for r in row["results"] if r["verdict"] == verdict]
+
+    out = {"against": named(DISAGREES), "undecided": named(UNDECIDED_CLAIM), "control": None}
+    if out["against"]:
+        out["control"] = _why(row["controls"])
+    return out
 
 
-def _why(controls: Sequence[Mapping]) -> str:
-    """What the controls say of a disagreement (see ``_reason``)."""
+def _why(controls: Sequence[Mapping]) -> dict:
+    """What the controls say of a disagreement (see ``reason``)."""
     for c in controls:
         if c["verdict"] == AGREES:
-            return f"the control agrees with the paper: {c['label']}"
+            return {"kind": "agrees", "label": c["label"]}
     for c in controls:
         if c["verdict"] == UNDECIDED_CLAIM:
-            moved = [s for s, t in c["shifts"].items() if t["word"] in (AHEAD, BEHIND)]
-            which = (f"; the setting moves {', '.join(f'`{s}`' for s in moved)}'s ratio (decided), "
-                     f"{'and not' if len(moved) < len(c['shifts']) else 'and'} "
-                     f"{', '.join(f'`{s}`' for s in c['shifts'] if s not in moved) or 'the other'}'s") if moved else ""
-            return (f"possibly the setting the control changes: {c['label']}, the difference is no longer "
-                    f"decided, though the control does not show the paper's finding either{which}")
+            moved = [s for s, t in c["shifts"].items() if t["verdict"] in (AHEAD, BEHIND)]
+            return {"kind": "undecided", "label": c["label"], "moved": moved,
+                    "unmoved": [s for s in c["shifts"] if s not in moved]}
     ran = [c for c in controls if c["verdict"] != UNTESTED_CLAIM]
-    return "unexplained" + (f" (the control {ran[0]['label']} disagrees too)" if ran else "")
+    return {"kind": "none", "label": ran[0]["label"] if ran else None}
+
+
+def tally(rows: Sequence[Mapping]) -> dict:
+    """How many of the tallied claims (``tallied``: made by the paper and testable) earn each
+    verdict, in ``CLAIM_VERDICTS`` order, and how many claims stay outside the tally."""
+    counted = [r for r in rows if r["tallied"]]
+    counts = {v: sum(r["verdict"] == v for r in counted) for v in CLAIM_VERDICTS}
+    return {"claims": len(counted), "papers": len({r["paper_key"] for r in counted}),
+            "counts": {v: n for v, n in counts.items() if n}, "outside": len(rows) - len(counted)}

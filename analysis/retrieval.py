@@ -296,13 +296,14 @@ def _panel_labels(ax, row: dict, fam: str, first_column: bool, top: bool, bottom
 
 
 def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence[int], L: int, title: str,
-                   notes: Sequence[str] = ()):
+                   notes: Sequence[str] = (), reference_label: str = "reference"):
     """Small multiples by family, as the extrapolation figure draws them: one column
     per family present (NoPE, when drawn, is the grey dotted reference in every
     panel), one row per entry of ``rows`` ({"ylabel", "draw": f(ax, scheme, style,
     rank, reference), "finish": f(ax) or None}), the evaluation length on a log2 x
-    axis with the training length L marked, and a legend per column under the panels.
-    A row with ``"log": True`` gets a log y axis with readable ticks (``log_axis``)."""
+    axis with the training length L marked, and a legend per column under the panels, the
+    reference's entry labelled "none (<reference_label>)". A row with ``"log": True`` gets a
+    log y axis with readable ticks (``log_axis``)."""
     import matplotlib.pyplot as plt
 
     from .extrapolation import REFERENCE, legend_handle, log_axis
@@ -314,7 +315,8 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
     members = {f: [s for s in families[f] if s != REFERENCE or f == "none"] for f in columns}
     st = styles(names)
     n_legend = max(len(m) + (ref is not None and f != "none") for f, m in members.items())
-    heights = [3.0] * len(rows) + [0.75, 0.05 + 0.22 * math.ceil(n_legend / 2)]
+    ncol = 2 if len(reference_label) <= 10 else 1  # a long label would run into the next column's legend
+    heights = [3.0] * len(rows) + [0.75, 0.05 + 0.22 * math.ceil(n_legend / ncol)]
     fig = plt.figure(figsize=(0.6 + 3.9 * len(columns), sum(heights) + 1.2))
     gs = fig.add_gridspec(len(heights), len(columns), height_ratios=heights, hspace=0.14, wspace=0.08,
                           bottom=0.02, top=1 - 1.0 / fig.get_figheight())
@@ -336,9 +338,9 @@ def _family_figure(names: Sequence[str], rows: Sequence[dict], lengths: Sequence
         fig.add_subplot(gs[-2, c]).axis("off")
         lax = fig.add_subplot(gs[-1, c])
         lax.axis("off")
-        handles = [legend_handle(st[ref], reference=True)] if ref is not None and fam != "none" else []
+        handles = [legend_handle(st[ref], reference=True, label=reference_label)] if ref is not None and fam != "none" else []
         handles += [legend_handle(st[s], rank=rank) for rank, s in enumerate(members[fam])]
-        lax.legend(handles=handles, loc="upper center", ncol=2, frameon=False, fontsize=9, handlelength=2.6,
+        lax.legend(handles=handles, loc="upper center", ncol=ncol, frameon=False, fontsize=9, handlelength=2.6,
                    columnspacing=1.2, borderaxespad=0.0)
     fig.suptitle(title, fontsize=12, y=1 - 0.1 / fig.get_figheight(), va="top")
     if notes:
@@ -368,6 +370,10 @@ def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[
     flat lower curve under a falling upper one."""
     from posenc.files import save_figure
 
+    against = next((c["vs"]["against"] for e in t.values() for c in e["lengths"].values() if "vs" in c), None)
+    against_note = (f"the retrieval tests' reference (top; the perplexity ratio's tests, bottom, compare with the LM "
+                    f"table's reference, as figures/extrapolation.png draws it)" if against == "none" else
+                    f"a baseline (the retrieval tests compare with `{against}`)")
     ex = extrapolation[extrapolation["method"] == "nonoverlapping"].dropna(subset=["ppl"]).copy()
     at_l = ex[ex["eval_len"] == ex["train_len"]].set_index(["scheme", "seed"])["ppl"]
     ex["ratio"] = ex["ppl"] / [at_l.get((s, seed), np.nan) for s, seed in zip(ex["scheme"], ex["seed"])]
@@ -397,7 +403,7 @@ def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[
     notes = [("top: retrieval runs trained to the criterion, one seed a scheme, mean over needle depths" if seeds == 1 else
               f"top: retrieval runs trained to the criterion ({seeds} seeds a scheme), mean over needle depths and seeds, "
               "band: lowest to highest seed") + "; bottom: the causal-LM runs, mean over seeds",
-             "grey dotted: none (NoPE), the reference in every panel; dashed: a context-extension rule of RoPE"]
+             f"grey dotted: none (NoPE), in every panel: {against_note}; dashed: a context-extension rule of RoPE"]
     marked = [s for s, e in t.items() if e["marked"]]
     if marked:
         notes.append(f"no run reached the criterion (drawn over every run): {', '.join(marked)}")
@@ -405,7 +411,8 @@ def plot_curves(t: dict, extrapolation: pd.DataFrame, stem: str | Path) -> list[
     if missing:
         notes.append(f"no retrieval run: {', '.join(missing)}")
     fig = _family_figure(names, rows, lengths, L, "Passkeys retrieved exactly (top) and the perplexity ratio "
-                         "(bottom) against length, by family", notes)
+                         "(bottom) against length, by family", notes,
+                         "the retrieval tests' reference" if against == "none" else "baseline")
     return save_figure(fig, stem, bbox_inches="tight")
 
 
@@ -472,9 +479,10 @@ def plot_reach(summary: pd.DataFrame, stem: str | Path) -> list[Path]:
     seeds = int(summary["seeds"].max())
     notes = [f"mean over layers, heads and {seeds} seed{'s' if seeds > 1 else ''} of the causal-LM runs; "
              "black dashed: uniform causal attention, distance (T - 1) / 4 and entropy mean ln(i + 1)",
-             "grey dotted: none (NoPE), the reference in every panel; dashed: a context-extension rule of RoPE"]
+             "grey dotted: none (NoPE), a baseline in every panel (this figure tests nothing); dashed: a "
+             "context-extension rule of RoPE"]
     fig = _family_figure(names, rows, lengths, L, "How far back each scheme attends, and how spread its "
-                         "attention is, against length, by family", notes)
+                         "attention is, against length, by family", notes, "baseline")
     return save_figure(fig, stem, bbox_inches="tight")
 
 

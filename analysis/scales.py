@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .stats import AHEAD, BEHIND, EQUIVALENT, RESAMPLES, SEED, UNDECIDED, UNTESTED, places
-from .stats import resample_means as _draw
+from .stats import (AHEAD, BEHIND, EQUIVALENT, RESAMPLES, SEED, UNDECIDED, UNTESTED, draw_indices, place_rows,
+                    places, resampled_means)
 
 
 def kendall(a: Sequence[float], b: Sequence[float]) -> float:
@@ -46,7 +46,11 @@ def compare(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]], 
 
     Returns ``{"schemes", "n", "tau", "lo", "hi", "seeds": (seeds a scheme in a, in b; the
     fewest), "places": {scheme: {"a", "b", "a_range", "b_range", "moves"}}, "moved"}``;
-    tau is None with fewer than three schemes in common."""
+    tau is None with fewer than three schemes in common. Each draw redraws a's seeds, then
+    b's (``analysis.stats.draw_indices``); the τ of all draws are one call of
+    ``scipy.stats.kendalltau`` along the draws' axis."""
+    from scipy import stats
+
     common = sorted(s for s in a if s in b and len(a[s]) and len(b[s])
                     and all(math.isfinite(x) for x in list(a[s]) + list(b[s])))
     seeds = (min((len(a[s]) for s in common), default=0), min((len(b[s]) for s in common), default=0))
@@ -56,19 +60,19 @@ def compare(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]], 
     mean_a = {s: float(np.mean(a[s])) for s in common}
     mean_b = {s: float(np.mean(b[s])) for s in common}
     rng = np.random.default_rng(seed)
-    taus, ranks_a, ranks_b = [], [], []
+    draws_a, draws_b = [], []
     for _ in range(resamples):
-        da, db = _draw(a, common, rng), _draw(b, common, rng)
-        taus.append(kendall([da[s] for s in common], [db[s] for s in common]))
-        ranks_a.append(places(da, higher_is_better))
-        ranks_b.append(places(db, higher_is_better))
-    taus = np.asarray(taus)
+        draws_a.append(draw_indices(a, common, rng))
+        draws_b.append(draw_indices(b, common, rng))
+    da, db = resampled_means(a, common, draws_a), resampled_means(b, common, draws_b)  # (draws, schemes)
+    taus = np.asarray(stats.kendalltau(da, db, axis=1).statistic, dtype=float)
     taus = taus[np.isfinite(taus)]
+    ranks_a, ranks_b = place_rows(da, higher_is_better), place_rows(db, higher_is_better)
     pa, pb = places(mean_a, higher_is_better), places(mean_b, higher_is_better)
     out_places = {}
-    for s in common:
-        ra = np.percentile([r[s] for r in ranks_a], [2.5, 97.5])
-        rb = np.percentile([r[s] for r in ranks_b], [2.5, 97.5])
+    for j, s in enumerate(common):
+        ra = np.percentile(ranks_a[:, j], [2.5, 97.5])
+        rb = np.percentile(ranks_b[:, j], [2.5, 97.5])
         moves = bool(ra[1] < rb[0] or rb[1] < ra[0])
         out_places[s] = {"a": pa[s], "b": pb[s], "a_range": [float(x) for x in ra],
                          "b_range": [float(x) for x in rb], "moves": moves}
@@ -160,7 +164,7 @@ def holds(a: Mapping, b: Mapping, names: tuple[str, str] = ("the first", "the se
     spread too wide), "undecided at both"; with one seed on a side there is no test, and
     the verdict is the direction of the difference alone ("same direction, untested" or
     "other direction, untested" after a decided one, else "untested")."""
-    wa, wb = a["word"], b["word"]
+    wa, wb = a["verdict"], b["verdict"]
     decided = (AHEAD, BEHIND)
     if UNTESTED in (wa, wb):
         if wa in decided or wb in decided:
@@ -196,13 +200,19 @@ def findings(a, b, retrieval_a=None, retrieval_b=None) -> list[dict]:
 
     def add(finding: str, ta, tb) -> None:
         if ta and tb:
-            rows.append({"finding": finding, "a": ta, "b": tb, "verdict": holds(ta, tb, names)})
+            verdict = holds(ta, tb, names)
+            rows.append({"finding": finding, "a": ta, "b": tb, "verdict": verdict, "changes": depends_on_scale(verdict),
+                         "one_only": verdict.endswith(" only")})
 
     top = a.top
-    for s, e in sorted(a.lm.items()):
-        t = e.get("vs_reference")
+
+    def lm_test(study, s):
+        return (((study.lm.get(s) or {}).get("tests") or {}).get("ratio") or {}).get(str(study.top))
+
+    for s in sorted(a.lm):
+        t = lm_test(a, s)
         if t and "+" not in s:
-            add(f"LM: `{s}`'s ppl({top}L) / ppl(L) against `{t['against']}`'s", t, (b.lm.get(s) or {}).get("vs_reference"))
+            add(f"LM: `{s}`'s ppl({top}L) / ppl(L) against `{t['against']}`'s", t, lm_test(b, s))
     q = a.mlm.get("question")
     for o, t in (a.mlm.get("tests") or {}).items():
         if b.mlm.get("question") == q:

@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default="nonoverlapping", choices=["nonoverlapping", "sliding"])
     p.add_argument("--out", required=True, help="figure stem: writes <out>.png and <out>.svg")
     p.add_argument("--tidy", required=True, help="the tidy CSV of every row")
+    p.add_argument("--reference", default="none", help="the scheme drawn in every panel: the tests' reference")
+    p.add_argument("--reference-label", default="reference", help="what the legend calls the reference")
     a = p.parse_args(argv)
     from analysis.extrapolation import plot
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                             "extrapolation results").values())
     if not files:
         raise SystemExit("error: no extrapolation results to draw")
-    fig, written = plot(files, a.out, a.method)
+    fig, written = plot(files, a.out, a.method, reference=a.reference, reference_label=a.reference_label)
     write_text(a.tidy, tidy(files))
     print("\n".join(map(str, [*written, a.tidy])))
     return 0

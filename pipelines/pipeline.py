@@ -123,7 +123,7 @@ runs file, they are the files each task of params.yaml writes (posenc.tasks.Task
           "--lm-reference ${lm_table.reference} --lm-margin ${lm_table.margin} --question ${mlm_table.question} "
           "--against ${mlm_table.against} --mlm-reference ${mlm_table.reference} --mlm-margin ${mlm_table.margin} "
           "--out-dir results --md-dir figures",
-          deps=["results/runs", "results/extrapolation", "pipelines/tables.py", "analysis/stats.py",
+          deps=["results/runs", "results/extrapolation", "pipelines/tables.py", "analysis/lm.py", "analysis/stats.py",
                 "pipelines/gather.py", "src/posenc/files.py", "src/posenc/tasks.py", "src/posenc/taskbase.py",
                 "conf/task"],
           params=["schemes", "tasks", "lm_table", "mlm_table"],
@@ -132,6 +132,7 @@ runs file, they are the files each task of params.yaml writes (posenc.tasks.Task
                 Out("figures/mlm_table.md", publish=True, report=True),
                 Out("results/timing.json", publish=True, name="timing"),
                 Out("results/lm_table.json", publish=True, name="lm"),
+                Out("results/lm_pairs.json", publish=True, name="lm_pairs"),
                 Out("results/mlm_table.json", publish=True, name="mlm"), Out("results/metrics", metric=True)],
           about="its metrics: headline numbers, a file per scheme (`dvc metrics show` prints one short row each)"),
     Stage("buckets",
@@ -145,11 +146,12 @@ runs file, they are the files each task of params.yaml writes (posenc.tasks.Task
 stay at their zero when max_distance is above L"""),
     Stage("figures",
           "python -m pipelines.figures results/extrapolation/*.csv --runs results/runs/*.json --params params.yaml "
-          "--method nonoverlapping --out figures/extrapolation --tidy results/extrapolation.csv",
+          "--method nonoverlapping --out figures/extrapolation --tidy results/extrapolation.csv "
+          "--reference ${lm_table.reference} --reference-label \"the tests' reference\"",
           deps=["results/extrapolation", "results/runs", "analysis/extrapolation.py", "analysis/style.py",
                 "src/posenc/encodings", "conf/encoding", "pipelines/figures.py", "pipelines/gather.py",
                 "src/posenc/files.py"],
-          params=["schemes"],
+          params=["schemes", "lm_table.reference"],
           outs=[Out("figures/extrapolation.png", publish=True), Out("figures/extrapolation.svg", publish=True),
                 Out("results/extrapolation.csv", publish=True)],
           about="the extrapolation figure (a scheme's colour and marker by its family, analysis/style.py)"),
@@ -159,7 +161,7 @@ stay at their zero when max_distance is above L"""),
           "--criterion ${tasks.retrieval.criterion.value} --cap ${tasks.retrieval.steps} "
           "--against ${retrieval_table.reference} --margin ${retrieval_table.margin} --out-dir figures/retrieval "
           "--md-dir figures --json results/retrieval_table.json --tidy results/retrieval.csv "
-          "--reach-tidy results/reach.csv",
+          "--reach-tidy results/reach.csv --reach-json results/reach_summary.json",
           deps=["results/retrieval", "results/runs", "results/reach", "results/extrapolation", "analysis/retrieval.py",
                 "analysis/reach.py", "analysis/stats.py", "analysis/style.py", "src/posenc/encodings",
                 "conf/encoding", "pipelines/retrieval_summary.py", "pipelines/gather.py", "src/posenc/files.py"],
@@ -168,9 +170,53 @@ stay at their zero when max_distance is above L"""),
                 Out("figures/retrieval_steps.md", publish=True, report=True),
                 Out("results/retrieval_table.json", publish=True, name="retrieval"),
                 Out("figures/reach_table.md", publish=True, report=True),
-                Out("results/retrieval.csv", publish=True), Out("results/reach.csv", publish=True, report=True)],
+                Out("results/retrieval.csv", publish=True), Out("results/reach.csv", publish=True),
+                Out("results/reach_summary.json", publish=True, name="reach")],
           about="""retrieval beyond perplexity: every scheme's exact-match grid (from its study stage)
 beside its perplexity curve, and how far its causal-LM runs attend (its heatmaps stage)"""),
+    Stage("papers",
+          "python -m pipelines.papers --literature docs/literature.yaml --retrieval retrieval-seeds "
+          "--out results/papers.json",
+          deps=["docs/literature.yaml", "results/lm_table.json", "results/lm_pairs.json",
+                "results/retrieval_table.json", "results/correlations.json", "results/pretrained_minilm.json",
+                "analysis/papers.py", "analysis/stats.py", "pipelines/papers.py", "pipelines/results.py"],
+          params=["lm_table", "retrieval_table"],
+          outs=[Out("results/papers.json", publish=True, name="papers")],
+          about="""The summaries across tables and studies: each computes its statistics once and writes them to
+its results file, which the report only renders. They also read profiles' results (the retrieval
+seeds, the controls, the fairness and scale profiles), which are not declared here, so that the
+default `dvc repro` never runs a profile: `python -m pipelines.profile <name>` runs them again
+(with the report) after a profile's repro. This one: the study against the papers, claim by claim
+(analysis/papers.py, docs/literature.yaml)"""),
+    Stage("findings",
+          "python -m pipelines.findings --retrieval retrieval-seeds --out results/findings.json "
+          "--figure figures/fairness",
+          deps=["results/lm_table.json", "results/lm_pairs.json", "results/mlm_table.json",
+                "results/retrieval_table.json", "results/buckets.json", "results/timing.json", "analysis/findings.py",
+                "analysis/papers.py", "analysis/scales.py", "analysis/stats.py", "analysis/rates.py",
+                "analysis/style.py", "src/posenc/encodings", "conf/encoding", "conf/model", "pipelines/findings.py",
+                "pipelines/results.py"],
+          params=["model", "common", "tasks", "primary", "report.bucket_control", "lm_table", "mlm_table",
+                  "retrieval_table"],
+          outs=[Out("results/findings.json", publish=True, name="findings"),
+                Out("figures/fairness.png", publish=True, report=True), Out("figures/fairness.svg", publish=True)],
+          about="primary hypotheses, controls, fairness, seeds and power (analysis/findings.py), the fairness figure"),
+    Stage("scales",
+          "python -m pipelines.scales --profiles scale wikitext-bytes --kendall scale --retrieval retrieval-seeds "
+          "--out results/scales.json",
+          deps=["results/lm_table.json", "results/mlm_table.json", "results/retrieval_table.json", "results/reach.csv",
+                "results/correlations.json", "analysis/scales.py", "analysis/stats.py", "pipelines/scales.py",
+                "pipelines/results.py"],
+          outs=[Out("results/scales.json", publish=True, name="scales")],
+          about="the default study's orderings and findings in the scale and corpus profiles (analysis/scales.py)"),
+    Stage("chronology", "python -m pipelines.chronology --out results/chronology.json",
+          deps=["pipelines/chronology.py"],
+          params=["lm_table", "mlm_table", "retrieval_table", "tasks", "primary"],
+          outs=[Out("results/chronology.json", name="chronology")],
+          about="""which analysis choices (references, margins, seeds, the primary hypotheses) came after which
+results, from the committed history (git log of params.yaml, the retrieval-seeds profile's
+params and the results files): commit params.yaml before running it. The profile's params are
+not declared (a project without the profile has none): its repro runs this stage again"""),
     Stage("bench", "python -m posenc.bench ${bench.args} --no-progress --out-dir figures/bench",
           deps=["src/posenc/__init__.py", "src/posenc/bench", "src/posenc/machine.py", "src/posenc/files.py",
                 "src/posenc/attention", "src/posenc/compiling.py", "src/posenc/model.py", "src/posenc/ranges.py",
@@ -191,13 +237,14 @@ pointing at it. A run with the same params.yaml and commit is reused. mlflow.db 
 output: into a fresh store, `dvc repro --force --single-item publish`."""),
     Stage("report", "python -m pipelines.report", timed=False, gathers="report",
           deps=["pipelines/report.py", "pipelines/results.py", "pipelines/pipeline.py", "pipelines/stages.py",
-                "pipelines/timed.py", "analysis/words.py", "docs/templates", "docs/literature.yaml",
-                "analysis/stats.py", "analysis/papers.py", "analysis/findings.py", "analysis/scales.py",
-                "analysis/reach.py", "params.yaml"],
-          outs=[Out("docs/results.md")],
-          about="""the results report (docs/results.md) and the README's generated blocks, from the results
-files above that the report reads (and each profile's, profiles/<name>/results): every number
-a reader sees comes from them. `python -m pipelines.report --check` fails when a committed one differs"""),
+                "pipelines/timed.py", "analysis/words.py", "analysis/stats.py", "docs/templates",
+                "docs/literature.yaml", "params.yaml"],
+          outs=[Out("docs/results.md"), Out("docs/profiles")],
+          about="""the results report (docs/results.md, a page per profile in docs/profiles/) and the README's
+generated blocks, from the results files above that the report reads (and each profile's,
+profiles/<name>/results): every number a reader sees comes from them, and the report computes none
+(the words of the verdicts are analysis/words.py, a dependency of this stage alone).
+`python -m pipelines.report --check` fails when a committed one differs"""),
 ]
 
 #: what `dvc plots show` draws

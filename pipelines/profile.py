@@ -11,9 +11,11 @@ pipelines.pipeline`` writes both), so the two never drift apart: every stage run
 with the profile's params, and writes its results, figures, stage records and runs under
 ``profiles/<name>/`` (``results/``, ``figures/``, ``runs/``), its MLflow runs to an
 experiment of its own (``posenc-study-<name>``). Stages that do not depend on the study's
-settings are left out: the benchmark and MiniLM's analysis (the default study has them)
-and the report (which renders a section for every profile that has results; after its
-repro a profile renders the report again and records it with ``dvc commit``). ``dvc repro``
+settings are left out: the benchmark and MiniLM's analysis (the default study has them),
+the summaries across studies (papers, findings, scales, the chronology) and the report (which
+renders a page for every profile that has results; after its repro a profile runs those
+summaries and the report again, ``dvc repro --force --single-item``, so that they read it: their
+dependencies do not name a profile's files, which a project without the profile lacks). ``dvc repro``
 at the project root does not run a profile; ``dvc status`` lists the stages of a
 profile's pipeline whose code or settings changed since its results were made. Its
 ``dvc.lock`` records which code made them.
@@ -31,7 +33,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 #: stages of the default study a profile leaves out (their results do not depend on its settings)
-LEFT_OUT = ("bench", "pretrained_correlations", "report")
+LEFT_OUT = ("bench", "pretrained_correlations", "papers", "findings", "scales", "chronology", "report")
+#: the root stages that read the profiles' results, run again after a profile's repro
+SUMMARIES = ("papers", "findings", "scales", "chronology", "report")
 #: what a profile writes under its own folder
 OWN = ("results", "figures", "runs")
 EXPERIMENT = "posenc-study"
@@ -146,10 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                          cwd=ROOT)
     if rc != 0:
         return rc
-    # the report reads every profile that has results: render it again, and record the new
-    # docs/results.md as the root pipeline's report output (its dvc.lock), so dvc status stays clean
-    rc = subprocess.call([sys.executable, "-m", "pipelines.report"], cwd=ROOT)
-    return rc or subprocess.call(["dvc", "commit", "--force", "report"], cwd=ROOT)
+    # the summaries across studies and the report read every profile that has results: run them
+    # again (their declared dependencies do not name the profiles'), recorded in the root dvc.lock
+    return subprocess.call(["dvc", "repro", "--force", "--single-item", *SUMMARIES], cwd=ROOT)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""The results report: ``docs/results.md`` and the README's generated blocks, rendered
-from the results files with Jinja2, so that every number a reader sees comes from them.
+"""The results report: ``docs/results.md``, a page per profile (``docs/profiles/<name>.md``)
+and the README's generated blocks, rendered from the results files with Jinja2, so that every
+number a reader sees comes from them.
 
     python -m pipelines.report            # write docs/results.md and the README's blocks
     python -m pipelines.report --check    # render in memory; exit 1 naming the first difference
 
-The templates are ``docs/templates/results.md.j2`` (the report) and
-``docs/templates/readme-<name>.md.j2``, one per README block, which sits between
+The templates are ``docs/templates/results.md.j2`` (the report), ``profile.md.j2`` (a
+profile's page) and ``docs/templates/readme-<name>.md.j2``, one per README block, which sits between
 ``<!-- generated: <name> -->`` and ``<!-- end generated -->`` in ``README.md``.
 A template reads a study's results through ``pipelines.results.Study`` (``study`` is the
 default one at the project root, ``profiles`` those under ``profiles/<name>/``) and the
-papers' numbers through ``literature`` (``docs/literature.yaml``). This module renders;
-every test, family and verdict it prints was computed by ``analysis`` (``stats``,
-``papers``, ``findings``, ``scales``), and spelt by ``analysis.words``. A
+papers' numbers through ``literature`` (``docs/literature.yaml``). This module only renders:
+every statistic it prints (tests, families, verdicts, τ and its interval, the papers' verdicts,
+the fairness findings, the chronology) was computed once by the summary stage that owns it and
+written to its results file (``tables``, ``retrieval``, ``papers``, ``findings``, ``scales``,
+``chronology``), and every verdict id is said by ``analysis.words``. A
 template that names a result that does not exist fails (Jinja's ``StrictUndefined``, and
 ``Study`` refuses a missing file, naming it), in the stage and in ``--check``.
 
@@ -24,62 +27,49 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import re
 import sys
 from pathlib import Path
 
-import yaml
-
-from analysis import findings, papers, scales, stats, words
-from pipelines.results import ROOT, ReportError, Study
+from analysis import words
+from pipelines.results import ROOT, ReportError, Study, read_yaml, studies
 from posenc.files import write_text
 
 TEMPLATES = "docs/templates"
 LITERATURE = "docs/literature.yaml"
 REPORT = "docs/results.md"
+PROFILES = "docs/profiles"
 README = "README.md"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 #: the first line of every generated file and block
 STAMP = "<!-- written by `python -m pipelines.report` from the results files: edit the template, not this -->"
 
 
-#: what the templates call: the words module's functions by their names, analysis functions, and a
-#: few of Python's and the statistics' own
-FILTERS = {"pct": words.pct, "num": words.num, "said": words.said, "detail": words.detail, "log": math.log}
-HELPERS = {**{n: getattr(words, n) for n in words.__all__}, "p": stats.format_p, "isnan": math.isnan,
-           "shown_diff": stats.shown_diff, "shown_margin": stats.shown_margin,
-           "shown_detectable": stats.shown_detectable,
-           "words": {"ahead": stats.AHEAD, "behind": stats.BEHIND, "equivalent": stats.EQUIVALENT,
-                     "undecided": stats.UNDECIDED, "untested": stats.UNTESTED},
-           **{f.__name__: f for f in (
-               papers.against_papers, papers.interval, findings.flat_retrieval, findings.flat_schemes,
-               findings.t5_control, findings.power, findings.with_seeds, findings.at_length,
-               findings.fairness, findings.ratios, scales.findings, scales.depends_on_scale,
-               stats.rank_intervals)}}
-HELPERS["kendall_tables"] = lambda a, b, ra=None: scales.kendall_tables(a.samples(ra), b.samples(), a.top)
-HELPERS["first_workers"] = lambda s: next(iter(s.timing["stages"].values()))["workers"]
+#: what the templates call: the words module's functions by their names. None computes a statistic:
+#: the summary stages wrote every one into its results file (``tests/test_report.py`` checks it).
+FILTERS = {"pct": words.pct, "num": words.num, "said": words.said, "detail": words.detail, "label": words.label}
+HELPERS = {n: getattr(words, n) for n in words.__all__}
 
 
 # ------------------------------------------------------------------ rendering
 def environment(root: Path):
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    """The templates' Jinja environment. Compiling the templates takes most of a rendering, so
+    their bytecode is cached in the system's temporary folder (Jinja checks each template's
+    source against its cached checksum: an edited template compiles again)."""
+    import tempfile
 
+    from jinja2 import Environment, FileSystemBytecodeCache, FileSystemLoader, StrictUndefined
+
+    cache = Path(tempfile.gettempdir()) / "posenc-report-templates"
+    cache.mkdir(exist_ok=True)
     env = Environment(loader=FileSystemLoader(str(root / TEMPLATES)), undefined=StrictUndefined,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
-                      extensions=["jinja2.ext.do"])
+                      extensions=["jinja2.ext.do"], bytecode_cache=FileSystemBytecodeCache(str(cache)))
     env.globals.update(HELPERS)
     env.filters.update(FILTERS)
     env.tests.update({"startswith": lambda s, prefix: str(s).startswith(prefix),
-                      "depends_on_scale": scales.depends_on_scale,
                       "search": lambda s, pattern: re.search(pattern, str(s)) is not None})
     return env
-
-
-def studies(root: Path) -> tuple[Study, list[Study]]:
-    """The default study and the profiles that have results (``profiles/<name>/results``)."""
-    profiles = [Study(p.parent, p.parent.name) for p in sorted((root / "profiles").glob("*/results"))]
-    return Study(root), profiles
 
 
 def render(root: Path = ROOT) -> dict[str, str]:
@@ -88,17 +78,19 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
     env = environment(root)
     study, profiles = studies(root)
-    literature = yaml.safe_load((root / LITERATURE).read_text())
+    literature = read_yaml((root / LITERATURE).read_text())
     context = {"study": study, "profiles": profiles, "profile": {p.name: p for p in profiles}, "stamp": STAMP,
                "literature": literature}
 
-    def one(template: str) -> str:
+    def one(template: str, **more) -> str:
         try:
-            return env.get_template(template).render(**context)
+            return env.get_template(template).render(**context, **more)
         except (TemplateError, ReportError, KeyError) as e:
             raise ReportError(f"{TEMPLATES}/{template}: {type(e).__name__}: {e}") from e
 
     out = {REPORT: one("results.md.j2")}
+    for prof in profiles:  # a page of its own for every profile with results
+        out[f"{PROFILES}/{prof.name}.md"] = one("profile.md.j2", prof=prof)
     readme = (root / README).read_text()
 
     def block(m: re.Match) -> str:
@@ -160,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"report: {e}", file=sys.stderr)
         return 1
+    stale = sorted(p.relative_to(root).as_posix() for p in (root / PROFILES).glob("*.md")
+                   if p.relative_to(root).as_posix() not in rendered)  # pages of profiles without results
     if a.check:
+        if stale:
+            print(f"report --check: {', '.join(stale)}: a page of no profile with results; run `python -m "
+                  "pipelines.report` (or dvc repro) and commit", file=sys.stderr)
+            return 1
         for rel, text in rendered.items():
             path = root / rel
             old = path.read_text() if path.exists() else ""
@@ -174,10 +172,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"report --check: {', '.join(rendered)} match the results")
         return 0
+    (root / PROFILES).mkdir(parents=True, exist_ok=True)  # the stage's output, empty in a study without profiles
     for rel, text in rendered.items():
         if not (root / rel).exists() or (root / rel).read_text() != text:
             write_text(root / rel, text)
         print(root / rel)
+    for rel in stale:
+        (root / rel).unlink()
+        print(f"removed {rel}")
     return 0
 
 

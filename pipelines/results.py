@@ -1,7 +1,8 @@
-"""A study's results, read as the report's templates ask for them: ``Study`` reads each
-file of ``FILES`` (one table: the name a template uses, the file it reads) when a template
-first asks for it, and refuses a missing file, naming it. The default study sits at the
-project root, a profile under ``profiles/<name>/``. ``pipelines.report`` renders from these.
+"""A study's results, read as the report's templates and the summary stages ask for them:
+``Study`` reads each file of ``FILES`` (one table: the name a template uses, the file it
+reads) when it is first asked for, and refuses a missing file, naming it. The default study
+sits at the project root, a profile under ``profiles/<name>/``. ``pipelines.report`` renders
+from these; nothing here computes a statistic.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ FILES = {"params": "params.yaml", **read_by_name(STAGES)}
 MADE_BY = {"lm": CausalLM, "mlm": MaskedLM, "retrieval": Retrieval}
 
 
+def read_yaml(text: str):
+    """YAML as ``yaml.safe_load`` reads it, with libyaml's parser where PyYAML has it (the
+    report reads a params file per study: the pure-Python parser alone took a second)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 class ReportError(Exception):
     """A result a template needs is missing, or a generated file is out of date."""
 
@@ -45,7 +52,7 @@ class Study:
         if key not in FILES:
             raise AttributeError(key)
         path = self.path(FILES[key])
-        value = yaml.safe_load(path.read_text()) if path.suffix == ".yaml" else json.loads(path.read_text())
+        value = read_yaml(path.read_text()) if path.suffix == ".yaml" else json.loads(path.read_text())
         setattr(self, key, value)  # read once
         return value
 
@@ -63,23 +70,6 @@ class Study:
     def runs(self) -> dict[str, dict]:
         """{scheme: its study stage's record} for the study's schemes."""
         return {s: json.loads(self.path(f"results/runs/{s}.json").read_text()) for s in self.params["schemes"]}
-
-    @functools.cached_property
-    def reach_rows(self) -> list[dict]:
-        """The rows of ``results/reach.csv`` (one per scheme, seed, length, layer and head)."""
-        import pandas as pd
-
-        return pd.read_csv(self.path("results/reach.csv")).to_dict("records")
-
-    @functools.cached_property
-    def reach(self) -> dict:
-        """{scheme: {multiple: {distance, entropy, uniform_distance, uniform_entropy, seeds}}}."""
-        from analysis.reach import summary
-
-        out: dict = {}
-        for r in summary(self.reach_rows).to_dict("records"):
-            out.setdefault(r["scheme"], {})[str(int(r["multiple"]))] = r
-        return out
 
     @property
     def top(self) -> int:
@@ -126,13 +116,6 @@ class Study:
             raise ReportError(f"{self.root / 'results/times'}: no stage recorded its time")
         return wall(self.times)
 
-    def samples(self, retrieval: Study | None = None) -> dict:
-        """Every table of ``analysis.scales.TABLES`` as {scheme: per-seed values}; the retrieval
-        table from ``retrieval`` when given (a profile of its own holds more seeds)."""
-        from analysis.scales import samples
-
-        return samples(self.lm, self.mlm, (retrieval or self).retrieval, self.reach_rows, self.correlations, self.top)
-
     @functools.cached_property
     def machines(self) -> list[dict]:
         """The distinct machines the study stages recorded (one, when a repro made them all)."""
@@ -151,3 +134,9 @@ class Study:
     @property
     def margins(self) -> dict:
         return {"lm": self.params["lm_table"]["margin"], "retrieval": self.params["retrieval_table"]["margin"]}
+
+
+def studies(root: Path = ROOT) -> tuple[Study, list[Study]]:
+    """The default study and the profiles that have results (``profiles/<name>/results``)."""
+    profiles = [Study(p.parent, p.parent.name) for p in sorted((root / "profiles").glob("*/results"))]
+    return Study(root), profiles

@@ -4,14 +4,16 @@ and how far it attends, gathered into figures, tables and tidy files (``analysis
     python -m pipelines.retrieval_summary results/retrieval/*.csv --runs results/runs/*.json \
         --reach results/reach/*.csv --extrapolation results/extrapolation/*.csv --params params.yaml \
         --out-dir figures/retrieval --md-dir figures --json results/retrieval_table.json \
-        --tidy results/retrieval.csv --reach-tidy results/reach.csv
+        --tidy results/retrieval.csv --reach-tidy results/reach.csv --reach-json results/reach_summary.json
 
 Writes ``<out-dir>/grid``, ``curves``, ``steps`` and ``reach`` (.png and .svg),
 ``<md-dir>/retrieval_table.md``, ``retrieval_steps.md`` and ``reach_table.md``, the
 summary (``--json``: per scheme and length the seeds' values, their mean, sd and the
 test against ``--against``, every scheme at one length a family (``analysis.stats``); per
 scheme the steps to the criterion, and each scheme's place by them with its bootstrap
-interval, ``ranks``) and the tidy CSVs.
+interval, ``ranks``), the tidy CSVs and how far each scheme attends at each multiple
+(``--reach-json``: {scheme: {multiple: mean distance and entropy over layers, heads and
+seeds, their sd over seeds, uniform attention's}}, ``analysis.reach.summary``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--md-dir", required=True)
     p.add_argument("--tidy", required=True, help="every grid row in one CSV")
     p.add_argument("--reach-tidy", required=True, help="every attention distance / entropy row in one CSV")
+    p.add_argument("--reach-json", required=True, help="how far each scheme attends at each multiple of L, as JSON")
     return p.parse_args(argv)
 
 
@@ -61,6 +64,11 @@ def write_reach(a: argparse.Namespace, schemes) -> tuple[str, list[Path]]:
     written.append(write_text(f"{a.md_dir}/reach_table.md", reach_table))
     written.append(write_text(a.reach_tidy, reach_rows.sort_values(["scheme", "seed", "length", "layer", "head"]).to_csv(
         index=False, lineterminator="\n")))
+    by_scheme: dict = {}
+    for r in summary.to_dict("records"):
+        by_scheme.setdefault(r["scheme"], {})[str(int(r["multiple"]))] = {
+            k: (int(v) if k in ("length", "seeds") else float(v)) for k, v in r.items() if k not in ("scheme", "multiple")}
+    written.append(write_json(a.reach_json, by_scheme))
     return reach_table, written
 
 

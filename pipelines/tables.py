@@ -1,5 +1,5 @@
 """The study's tables: extrapolation and masked LM with their seed spread, each scheme
-against a reference fixed in params.yaml before the data, and where the study's time went.
+against the reference params.yaml names, and where the study's time went.
 
     python -m pipelines.tables results/runs/*.json --extrapolation results/extrapolation/*.csv \
         --params params.yaml --lm-reference alibi --lm-margin 0.05 \
@@ -14,12 +14,15 @@ out. Results made with other shared code or settings than the rest
 before anything is written. It writes, each as JSON and Markdown (for the
 README):
 
-* ``lm_table``: perplexity at every evaluation length, mean ± sample sd over
-  seeds, and the ratio ppl(16L) / ppl(L) taken per seed, then averaged; each
-  scheme's ratios against ``--lm-reference``'s as one family (``vs_reference``:
-  Welch on the log scale, equivalence within the factor 1 ± ``--lm-margin``, Holm over
-  the table), and each context-extension row (``rope+pi``) against its own scheme's
-  plain row, a family of its own (``vs_plain``);
+* ``lm_table``: perplexity at every evaluation length and the ratio ppl(kL) / ppl(L) at
+  every multiple, per seed and as mean ± sample sd; each scheme's ratio and perplexity
+  against ``--lm-reference``'s at every length, each a family (``tests``: Welch on the log
+  scale, equivalence within the factor 1 ± ``--lm-margin``, Holm over the schemes), each
+  context-extension row (``rope+pi``) against its own scheme's plain row, paired by seed
+  (``rule``), and each scheme's place by its perplexity at the longest length
+  (``analysis.lm``);
+* ``lm_pairs``: the pairs ``lm_table.pairs`` of ``--params`` names, each group a family per
+  quantity and length;
 * ``mlm_table``: masked-token accuracy and perplexity, mean ± sd and n, each scheme's
   accuracy against ``--mlm-reference`` as one family (``vs_reference``), and the
   question scheme against each scheme of ``--against`` as another (``tests``);
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -45,111 +47,13 @@ import yaml
 
 from posenc.files import write_json, write_text
 
+from analysis.lm import at_length, compare_lm, compare_pairs, lm_markdown, lm_table, parse_pairs
 from analysis.stats import against as tested_against
 from analysis.stats import compare, comparison_cells, family, mean_sd
 
 from .gather import check_provenance, per_scheme, study_schemes
 
-
-# ------------------------------------------------------------------ length extrapolation
-def lm_table(paths: list[str | Path]) -> dict:
-    """Per scheme: ppl mean/sd/n and the per-seed values (seed order) at every evaluation length,
-    and the ratio ppl(longest) / ppl(L) per seed."""
-    from posenc.evaluate import read_results
-
-    df = read_results(paths)
-    df = df[df["method"] == "nonoverlapping"]
-    out = {}
-    for scheme, sub in df.groupby("scheme"):
-        train_len = int(sub["train_len"].iloc[0])
-        lengths = {}
-        for length, g in sub.groupby("eval_len"):
-            vals = [float(v) for v in g.sort_values("seed")["ppl"] if math.isfinite(v)]
-            m, sd = mean_sd(vals) if vals else (None, None)
-            lengths[int(length)] = {"mean": m, "sd": sd, "n": len(vals), "values": vals}
-        top = max(lengths)
-        ratios = []
-        for _, g in sub.groupby("seed"):
-            by_len = dict(zip(g["eval_len"].astype(int), g["ppl"].astype(float)))
-            if math.isfinite(by_len.get(top, math.nan)) and math.isfinite(by_len.get(train_len, math.nan)):
-                ratios.append(by_len[top] / by_len[train_len])
-        rm, rsd = mean_sd(ratios) if ratios else (None, None)
-        out[str(scheme)] = {"train_len": train_len, "seeds": sorted(int(s) for s in sub["seed"].unique()),
-                            "lengths": lengths, "ratio_longest": {"mean": rm, "sd": rsd, "n": len(ratios),
-                                                                  "longest": top, "values": ratios}}
-    return out
-
-
-def plain_scheme(name: str) -> str:
-    """The scheme a row was trained as: ``rope`` for ``rope+pi`` and ``rope+pi+ft4L``."""
-    return name.split("+")[0]
-
-
-def compare_ratios(table: dict, reference: str | None, margin: float | None = None) -> dict:
-    """Each scheme's ratios ppl(longest) / ppl(L) against ``reference``'s, one family
-    (``vs_reference``), and each context-extension row against its plain scheme's, another
-    (``vs_plain``); both on the log scale, lower is better (``analysis.stats``). Only rows of
-    the same L and longest length as the one they are compared with take part."""
-    table = {s: {k: v for k, v in e.items() if k not in ("vs_reference", "vs_plain")} for s, e in table.items()}
-
-    def like(s: str, other: str) -> bool:
-        a, b = table[s], table.get(other)
-        return bool(b and a["ratio_longest"]["values"] and b["ratio_longest"]["values"]
-                    and a["ratio_longest"]["longest"] == b["ratio_longest"]["longest"]
-                    and a["train_len"] == b["train_len"])
-
-    values = {s: e["ratio_longest"]["values"] for s, e in table.items()}
-    if reference in table and values[reference]:
-        plain = {s: values[s] for s in table if "+" not in s and (s == reference or like(s, reference))}
-        for s, t in tested_against(plain, reference, "log", margin, higher_is_better=False).items():
-            table[s]["vs_reference"] = t
-    rules = {s: compare(values[s], values[plain_scheme(s)], "log", margin) | {"against": plain_scheme(s)}
-             for s in table if "+" in s and like(s, plain_scheme(s))}
-    for s, t in family(rules, higher_is_better=False).items():
-        table[s]["vs_plain"] = t
-    return table
-
-
-def at_length(entry: dict, length: int) -> dict:
-    """A scheme's statistics at one evaluation length ({} if absent); the keys are ints
-    when the table was just built and strings when it was read back from JSON."""
-    return entry["lengths"].get(length) or entry["lengths"].get(str(length)) or {}
-
-
 TEST_HEAD = ["p", "Holm p", "verdict"]
-
-
-def lm_markdown(table: dict, reference: str | None = None) -> str:
-    lengths = sorted({int(k) for e in table.values() for k in e["lengths"]})
-    L = min(e["train_len"] for e in table.values())
-    head = " | ".join(f"{t} ({t // L}L)" if t % L == 0 else str(t) for t in lengths)
-    compared = reference is not None and any("vs_reference" in e for e in table.values())
-    ratio = f"ppl({lengths[-1] // L}L) / ppl(L)"
-    extra = f" ratio ÷ `{reference}`'s (95% CI) | {' | '.join(TEST_HEAD)} |" if compared else ""
-    lines = [f"| scheme | {head} | {ratio} | seeds |{extra}",
-             "| --- |" + " ---: |" * (len(lengths) + 2) + " ---: | ---: | ---: | --- |" * compared]
-    order = sorted(table, key=lambda s: (table[s]["ratio_longest"]["mean"] is None,
-                                         table[s]["ratio_longest"]["mean"] or 0))
-    for s in order:
-        e = table[s]
-        cells = []
-        for t in lengths:
-            c = at_length(e, t)
-            cells.append("n/a" if not c or c["mean"] is None else f"{c['mean']:.2f} ± {c['sd']:.2f}")
-        r = e["ratio_longest"]
-        ratio = "—" if r["mean"] is None else f"{r['mean']:.2f} ± {r['sd']:.2f}"
-        row = f"| `{s}` | {' | '.join(cells)} | {ratio} | {len(e['seeds'])} |"
-        if compared:
-            row += " " + " | ".join(comparison_cells(e.get("vs_reference"))) + " |"
-        lines.append(row)
-    rules = {s: e["vs_plain"] for s, e in table.items() if "vs_plain" in e}
-    if rules:
-        lines += ["", "Context-extension rows against their own scheme's plain row (a family of their own):", "",
-                  f"| row | against | ratio ÷ the plain row's (95% CI) | {' | '.join(TEST_HEAD)} |",
-                  "| --- | --- | ---: | ---: | ---: | --- |"]
-        lines += [f"| `{s}` | `{t['against']}` | " + " | ".join(comparison_cells(t)) + " |"
-                  for s, t in sorted(rules.items())]
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ masked LM
@@ -207,7 +111,7 @@ def mlm_markdown(t: dict) -> str:
     if t.get("note"):
         lines += ["", f"Does `{q}` help? {t['note']}."]
     if t["tests"]:
-        lines += ["", f"Does `{q}` help? Its accuracy against each scheme named before the data (a family of its own):",
+        lines += ["", f"Does `{q}` help? Its accuracy against each scheme params.yaml names (a family of its own):",
                   "", f"| against | difference (95% CI) | t | df | {' | '.join(TEST_HEAD)} |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for other, w in t["tests"].items():
@@ -327,18 +231,21 @@ def main(argv: list[str] | None = None) -> None:
     runs = per_scheme(a.runs, schemes, "runs")
     check_provenance(runs)
     extrapolation = per_scheme(a.extrapolation, schemes, "extrapolation results")
-    lm = compare_ratios(lm_table(list(extrapolation.values())), a.lm_reference, a.lm_margin)
+    lm = compare_lm(lm_table(list(extrapolation.values())), a.lm_reference, a.lm_margin)
     if a.lm_reference not in lm:
         print(f"note: --lm-reference {a.lm_reference} has no extrapolation results: no comparison column",
               file=sys.stderr)
+    settings = (yaml.safe_load(Path(a.params).read_text()) or {}) if a.params else {}
+    pairs = compare_pairs(lm, parse_pairs((settings.get("lm_table") or {}).get("pairs")), a.lm_margin)
     write_json(out / "lm_table.json", lm)
-    write_text(md / "lm_table.md", lm_markdown(lm, a.lm_reference))
+    write_json(out / "lm_pairs.json", pairs)
+    write_text(md / "lm_table.md", lm_markdown(lm, a.lm_reference, pairs))
     mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against, a.mlm_reference, a.mlm_margin)
     if mlm["note"]:
         print(f"note: --question {mlm['note']}", file=sys.stderr)
     write_json(out / "mlm_table.json", mlm)
     write_text(md / "mlm_table.md", mlm_markdown(mlm))
-    names = list((yaml.safe_load(Path(a.params).read_text()) or {}).get("tasks") or {}) if a.params else []
+    names = list(settings.get("tasks") or {})
     names = names or list(dict.fromkeys(r["task"] for f in runs.values() for r in json.loads(Path(f).read_text())["runs"]))
     tasks = tasks_table(list(runs.values()), names)
     write_json(out / "tasks_table.json", tasks)
@@ -346,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "timing.json", timing(list(runs.values())))
     for scheme, row in headline(lm, mlm).items():  # one file per scheme: one row each in `dvc metrics show`
         write_json(out / "metrics" / f"{scheme}.json", row)
-    print(lm_markdown(lm, a.lm_reference))
+    print(lm_markdown(lm, a.lm_reference, pairs))
     print(mlm_markdown(mlm))
 
 

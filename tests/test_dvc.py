@@ -43,9 +43,12 @@ REDUCED = {
     "schemes": {"none": {"tasks": "lm mlm retrieval first", "overrides": "", "extensions": ""},
                 "alibi": {"tasks": "lm mlm retrieval first", "overrides": "", "extensions": ""},
                 "xpos": {"tasks": "lm retrieval", "overrides": "", "extensions": ""}},
-    "lm_table": {"reference": "alibi", "margin": 0.05},
-    "mlm_table": {"reference": "none", "question": "alibi", "against": "none", "margin": 0.02},
-    "retrieval_table": {"reference": "none", "margin": 0.1},
+    "lm_table": {"reference": "alibi", "margin": 0.05, "margin_reason": "a test's", "pairs": {"p": "xpos:none"}},
+    "mlm_table": {"reference": "none", "question": "alibi", "against": "none", "margin": 0.02,
+                  "margin_reason": "a test's"},
+    "retrieval_table": {"reference": "none", "margin": 0.1, "margin_reason": "a test's"},
+    "primary": [{"name": "extrapolation", "family": "lm_reference", "quantity": "ratio", "multiple": 4,
+                 "what": "every scheme's ratio", "why": "a test's"}],
     "report": {"bucket_control": {"plain": "t5_bias", "variant": "t5_bias_scaled"}, "rules_of": "rope",
                "reach": {"near": "alibi", "spread": "rope"}},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
@@ -182,7 +185,7 @@ def test_dvc_repro_builds_every_figure_then_runs_nothing(tmp_path, data_root):
     assert set(table["tests"]) == {"none"}
     lm = json.loads((tmp_path / "results/lm_table.json").read_text())
     assert set(lm) == {"none", "alibi", "xpos"} and lm["alibi"]["ratio_longest"]["n"] == 2
-    assert lm["none"]["vs_reference"]["against"] == "alibi" and "vs_reference" not in lm["alibi"]
+    assert lm["none"]["tests"]["ratio"]["4"]["against"] == "alibi" and "tests" not in lm["alibi"]
     timing = json.loads((tmp_path / "results/timing.json").read_text())
     assert timing["total"]["runs"] == 2 * 2 + 2 * 2 + 2 * 2 + 2 + 3
     assert set(timing["total"]["task_s"]) == {"lm", "mlm", "retrieval", "first"}
@@ -259,7 +262,9 @@ class DistancePenalty(PositionalScheme):
 }
 #: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
 ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "buckets", "figures", "retrieval",
-                "bench", "publish", "report"}
+                "bench", "findings", "publish", "report"}
+#: what the route runs: the stages it lists, and the summaries across tables that read their new results
+RAN_STAGES = ROUTE_STAGES | {"papers", "scales"}
 SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
                    "figures/correlations_table.md", "figures/extrapolation.png", "figures/extrapolation.svg",
                    "figures/lm_table.md", "figures/mlm_table.md", "results/correlations.json",
@@ -270,8 +275,9 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "figures/reach_table.md", "results/retrieval.csv", "results/reach.csv",
                    "figures/retrieval/steps.png", "figures/retrieval/steps.svg", "figures/retrieval_steps.md",
                    "results/retrieval_table.json", "results/tasks_table.json", "figures/tasks_table.md", "docs/results.md",
-                   "README.md"} | {
-                      f"results/times/{s}.json" for s in ROUTE_STAGES - {"report"}}
+                   "README.md", "results/lm_pairs.json", "results/reach_summary.json", "results/papers.json",
+                   "results/findings.json", "results/scales.json", "figures/fairness.png", "figures/fairness.svg"} | {
+                      f"results/times/{s}.json" for s in RAN_STAGES - {"report"}}
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -299,7 +305,7 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     route = _dvc(clone, "repro")
     assert route.returncode == 0, route.stdout[-4000:] + route.stderr[-4000:]
     ran = {line.split("'")[1] for line in route.stdout.splitlines() if line.startswith("Running stage")}
-    assert ran == ROUTE_STAGES, route.stdout
+    assert ran == RAN_STAGES, route.stdout
 
     changed = _git(clone, "status", "--porcelain", "--untracked-files=all").splitlines()
     deleted = [line for line in changed if line[:2].strip().startswith("D")]
@@ -363,6 +369,20 @@ def test_editing_the_executor_plans_no_study_stage(tmp_path):
         f.write("\nEDITED = True\n")
     schemes = yaml.safe_load((tmp_path / "params.yaml").read_text())["schemes"]
     assert {f"study@{s}" for s in schemes} <= _stages_listed(tmp_path)
+
+
+def test_rewording_a_verdict_reruns_the_report_alone(tmp_path):
+    """The verdicts are stored as ids; their words are ``analysis.words``, a dependency of the
+    report stage alone. In a copy of the project with its committed results, rewording a
+    verdict's phrase in ``analysis/words.py`` lists the report in ``dvc status`` and no other
+    stage that was not listed before (no table stage, no summary)."""
+    _copy_project(tmp_path, results=True)
+    before = _stages_listed(tmp_path)
+    words = tmp_path / "analysis/words.py"
+    text = words.read_text()
+    assert '"ahead": ("ahead of", "ahead")' in text
+    words.write_text(text.replace('"ahead": ("ahead of", "ahead")', '"ahead": ("better than", "better")'))
+    assert _stages_listed(tmp_path) - before == {"report"} and "report" not in before
 
 
 def test_a_refused_study_stage_leaves_the_committed_results_as_they_were(tmp_path):

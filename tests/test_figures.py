@@ -227,3 +227,42 @@ def test_bench_memory_axis_has_readable_ticks_and_legends_beside_the_panels(monk
             r["mem_ratio"] = 1.0 + 0.2 * (i % 2)
     mem = next(ax for ax in _bench_figure(monkeypatch, tmp_path, res).axes if ax.get_ylabel().startswith("peak"))
     assert len(_visible_ticks(mem)) >= 3
+
+
+def test_the_study_figure_names_the_tests_reference(results, tmp_path):
+    """The study's figure draws the LM table's reference (here ``alibi``) and names it: grey and
+    dotted in every other family's panel, as itself in its own family's, each legend saying
+    "alibi (the tests' reference)"; NoPE, no longer the reference, gets its own column; the
+    legends cover no panel and no other legend."""
+    from analysis.extrapolation import REFERENCE_COLOR, line_schemes, plot, scheme_lines
+
+    fig, _ = plot(results, tmp_path / "fig", reference="alibi", reference_label="the tests' reference")
+    ppl, ratio = _panels(fig)
+    families = ["none", "absolute", "rotary", "position bias", "content-relative"]
+    assert [ax.get_title() for ax in ppl] == [style.FAMILY_TITLES[f] for f in families]
+    for fam, ax in zip(families, ppl):
+        drawn = line_schemes(ax)
+        if fam == "position bias":
+            assert drawn == ["alibi", "kerple"]  # itself, in its colour
+            alibi = next(ln for ln in scheme_lines(ax) if ln.get_gid().endswith(":alibi"))
+            assert alibi.get_color() == style.style_of("alibi").color
+        else:
+            assert drawn[0] == "alibi" and scheme_lines(ax)[0].get_color() == REFERENCE_COLOR
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == len(families)
+    assert all("alibi (the tests' reference)" in [t.get_text() for t in lg.get_texts()] for lg in legends)
+    assert "grey dotted: alibi, the tests' reference" in "\n".join(t.get_text() for t in fig.texts)
+    renderer = _renderer(fig)
+    boxes = [lg.get_window_extent(renderer) for lg in legends]
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in ppl + ratio)
+        assert not any(box.overlaps(other) for other in boxes[i + 1:])
+
+
+def test_the_committed_study_figure_is_drawn_against_the_lm_tables_reference():
+    """The figures stage passes the LM table's reference and says it is the tests' (dvc.yaml)."""
+    import yaml
+
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["figures"]
+    assert "--reference ${lm_table.reference}" in stage["cmd"] and "the tests' reference" in stage["cmd"]
+    assert "lm_table.reference" in stage["params"]

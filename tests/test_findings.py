@@ -16,6 +16,7 @@ def _lm(ratios: dict, at_l: dict | None = None) -> dict:
     out = {}
     for s, v in ratios.items():
         out[s] = {"train_len": 64, "ratio_longest": {"values": v, "mean": sum(v) / len(v)},
+                  "ratios": {"16": {"values": v, "mean": sum(v) / len(v)}},
                   "lengths": {"64": {"mean": (at_l or {}).get(s, 8.0)}}}
     return out
 
@@ -26,6 +27,13 @@ def test_t5_control_is_one_family_of_the_ratio_and_the_exact_match():
                        (("t5_bias", [0.3, 0.2, 0.25]), ("t5_bias_scaled", [0.5, 0.45, 0.55]))}}
     c = findings.t5_control(lm, ret, 16, {"lm": 0.05, "retrieval": 0.1})
     assert set(c) == {"ratio", "exact"} and c["ratio"]["m"] == 2 and not c["ratio"]["higher_is_better"]
+    # with the LM table's tests against its reference, the share of T5's excess that every bucket trained removes
+    lm2 = _lm({"t5_bias": [1.37, 1.38, 1.36], "t5_bias_scaled": [1.35, 1.34, 1.36], "alibi": [1.0, 1.01, 0.99]})
+    for s, t in against({s: e["ratio_longest"]["values"] for s, e in lm2.items()}, "alibi", "log", 0.05, False).items():
+        lm2[s]["tests"] = {"ratio": {"16": t}}
+    x = findings.t5_control(lm2, ret, 16, {"lm": 0.05, "retrieval": 0.1})["explained"]
+    import math
+    assert x["share"] == pytest.approx(1 - math.log(x["variant"]["diff"]) / math.log(x["plain"]["diff"]))
     assert c["ratio"]["diff"] == pytest.approx(compare([1.35, 1.34, 1.36], [1.37, 1.38, 1.36], "log")["diff"])
     assert c["exact"]["higher_is_better"] and c["exact"]["diff"] == pytest.approx(0.25)
     assert findings.t5_control(_lm({"t5_bias": [1.3, 1.4]}), {}, 16, {"lm": 0.05, "retrieval": 0.1}) == {}
@@ -50,7 +58,7 @@ def test_with_seeds_redoes_a_family_with_the_first_seeds():
 def _study(ratios: dict, acc: dict, at_l: dict | None = None, reference="alibi", question=None, against_=()):
     lm = _lm(ratios, at_l)
     for s, t in against(ratios, reference, "log", 0.05, higher_is_better=False).items():
-        lm[s]["vs_reference"] = t
+        lm[s]["tests"] = {"ratio": {"16": t}}
     summary = {s: {"acc": v, "acc_mean": sum(v) / len(v)} for s, v in acc.items()}
     tests = family({o: compare(acc[question], acc[o], "points", 0.02) | {"against": o} for o in against_}) \
         if question else {}
@@ -71,16 +79,54 @@ def test_fairness_picks_each_schemes_best_rate_and_compares_the_orders():
         "1e-2": _study({"alibi": [1.2], "rope": [4.0], "sinusoidal": [1.5]}, {"none": [0.1], "fb": [0.2]},
                        at_l={"alibi": 9.0, "rope": 8.0, "sinusoidal": 9.5}),
     }
-    out = findings.fairness(default, rates, "3e-3")
+    out = findings.fairness(default, rates, "3e-3", {"lm": 0.05, "mlm": 0.02})
     assert {s: b["rate"] for s, b in out["lm_best"].items()} == {"alibi": "3e-3", "rope": "1e-3", "sinusoidal": "3e-3"}
     assert out["lm_best"]["rope"]["by_rate"] == {"1e-3": 7.0, "3e-3": 7.5, "1e-2": 8.0}
     assert {s: b["rate"] for s, b in out["mlm_best"].items()} == {"none": "3e-3", "fb": "1e-3"}
     assert out["taus"]["lm"]["budget"]["tau"] == pytest.approx(1.0)  # alibi < sinusoidal < rope in both
     assert out["taus"]["lm"]["tuned"]["tau"] == pytest.approx(1.0)
-    decided = {f["finding"]: f for f in out["findings"]}
-    rope = decided["LM: `rope`'s ratio against `alibi`'s"]
-    assert rope["word"] == BEHIND and rope["holds_tuned"] and rope["tuned"] == pytest.approx(2.5 / 0.99)
+    decided = {(f["kind"], f["a"], f["b"]): f for f in out["findings"]}
+    rope = decided[("ratio", "rope", "alibi")]
+    assert rope["verdict"] == BEHIND and rope["holds_tuned"] and rope["tuned"] == pytest.approx(2.5 / 0.99)
     assert rope["budget"] == pytest.approx(3.5 / 0.99) and rope["holds_budget"]
-    mlm = decided["MLM: `fb`'s accuracy against `none`'s"]
-    assert mlm["holds_tuned"] and mlm["tuned"] == pytest.approx(0.45 - 0.25)
+    assert not rope["tuned_within_margin"] and not rope["budget_within_margin"]  # ×2.5: far beyond ±5%
+    mlm = decided[("accuracy", "fb", "none")]
+    assert mlm["holds_tuned"] and mlm["tuned"] == pytest.approx(0.45 - 0.25) and not mlm["tuned_within_margin"]
+    assert out["lm_best"]["rope"]["tuned_ratio"] == 2.5  # the ratio at its best rate
     assert out["growth"]["rope"] == {"default": pytest.approx(3.0333, abs=1e-3), "longer": 3.5}
+
+
+def test_a_direction_beside_its_size_against_the_margin():
+    """``within``: a factor within [1/(1+m), 1+m], or points within ±m (strictly), as the
+    equivalence margin reads it."""
+    assert findings.within(1.04, 0.05, True) and findings.within(1 / 1.05, 0.05, True)
+    assert not findings.within(1.051, 0.05, True) and not findings.within(0.95, 0.05, True)
+    assert findings.within(-0.019, 0.02, False) and not findings.within(0.02, 0.02, False)
+
+
+def test_where_the_ratio_and_the_absolute_perplexity_disagree():
+    """``ratio_and_absolute``: the schemes whose verdict against the reference at kL is not the
+    same on the ratio as on the perplexity there, with both tests."""
+    t = lambda v: {"verdict": v}  # noqa: E731
+    lm = {"a": {"tests": {"ratio": {"16": t("behind")}, "ppl": {"16": t("undecided")}}},
+          "b": {"tests": {"ratio": {"16": t("behind")}, "ppl": {"16": t("behind")}}},
+          "c": {"tests": {"ratio": {"8": t("ahead")}}}, "ref": {}}
+    assert findings.ratio_and_absolute(lm, 16) == [{"scheme": "a", "ratio": t("behind"), "ppl": t("undecided")}]
+
+
+def test_the_primary_hypotheses_are_the_tables_own_families():
+    """``primary``: each hypothesis params.yaml names gathers the family the tables tested (the
+    same test objects), and an unknown family is refused naming it."""
+    lm = {"a": {"tests": {"ratio": {"16": {"verdict": "behind"}}}}, "ref": {}}
+    pairs = {"press": {"a:b": {"ratio": {"8": {"verdict": "ahead"}}}}}
+    mlm = {"tests": {"none": {"verdict": "ahead"}}}
+    ret = {"schemes": {"x": {"lengths": {"16": {"vs": {"verdict": "undecided"}}}}, "none": {"lengths": {"16": {}}}}}
+    spec = [{"name": "e", "family": "lm_reference", "quantity": "ratio", "multiple": 16},
+            {"name": "p", "family": "lm_pairs", "group": "press", "quantity": "ratio", "multiple": 8},
+            {"name": "m", "family": "mlm_question"}, {"name": "r", "family": "retrieval_reference", "multiple": 16}]
+    out = findings.primary(spec, lm, pairs, mlm, ret)
+    assert [h["name"] for h in out] == ["e", "p", "m", "r"]
+    assert out[0]["tests"]["a"] is lm["a"]["tests"]["ratio"]["16"] and out[1]["tests"] == {"a:b": {"verdict": "ahead"}}
+    assert out[2]["tests"] == mlm["tests"] and out[3]["tests"] == {"x": {"verdict": "undecided"}}
+    with pytest.raises(ValueError, match="family 'other'"):
+        findings.primary([{"name": "o", "family": "other"}], lm, pairs, mlm, ret)

@@ -267,8 +267,8 @@ def test_every_function_of_the_package_the_pipelines_and_the_analysis_reads_at_o
 
 
 def test_the_report_templates_name_no_scheme():
-    """The report's templates follow the schemes that ``params.yaml`` names before the data
-    (the tables' references, ``report:``): no Jinja expression in them names a scheme, as a
+    """The report's templates follow the schemes that ``params.yaml`` names (the tables'
+    references, ``report:``): no Jinja expression in them names a scheme, as a
     string (``'rope'``, ``'rope+'``) or an attribute (``lm.t5_bias``)."""
     names = "|".join(sorted((p.stem for p in (REPO / "conf/encoding").glob("*.yaml")), key=len, reverse=True))
     named = re.compile(rf"""["']({names})\+?["']|\.({names})\b""")

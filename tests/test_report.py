@@ -1,7 +1,8 @@
 """The results report (pipelines.report): rendered from the committed results, it quotes
 them (a changed value changes the sentence and the table that quote it), a result a
-template names that does not exist fails it, and ``--check`` names the first line that
-differs from what the results give."""
+template names that does not exist fails it, ``--check`` names the first line that
+differs from what the results give, and the report only renders: no template calls a
+function that computes a statistic, and rendering imports no statistics library."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from pipelines import report
 from .conftest import REPO
 
 #: what the report reads, relative to the project root
-INPUTS = ("params.yaml", "README.md", "docs/templates", "docs/literature.yaml", "docs/results.md", "results", "figures",
+INPUTS = ("params.yaml", "README.md", "docs/templates", "docs/literature.yaml", "docs/results.md", "docs/profiles",
+          "results", "figures",
           "profiles")
 
 
@@ -46,6 +48,10 @@ def test_the_committed_report_and_readme_blocks_are_what_the_results_give():
 
 
 def test_a_changed_result_changes_the_sentence_and_the_table_that_quote_it(tmp_path):
+    """A changed result: the report quotes it as it is in its file, and the papers stage, run
+    again on it, carries it into the claim that reads it (the report computes nothing itself)."""
+    from pipelines import papers
+
     root = project_copy(tmp_path)
     before = report.render(root)[report.REPORT]
     minilm = root / "results" / "pretrained_minilm.json"
@@ -54,6 +60,8 @@ def test_a_changed_result_changes_the_sentence_and_the_table_that_quote_it(tmp_p
     old = terms["position-position"]["band_score"]
     terms["position-position"]["band_score"] = 9.87
     minilm.write_text(json.dumps(doc))
+    assert papers.main(["--root", str(root), "--literature", str(root / "docs" / "literature.yaml"),
+                        "--out", str(root / "results" / "papers.json")]) == 0
     after = report.render(root)[report.REPORT]
     row = next(line for line in after.splitlines() if line.startswith("| position-position |"))
     assert row.endswith("| +9.87 |")
@@ -100,29 +108,32 @@ def test_the_planted_case_is_never_called_level(tmp_path):
     root = project_copy(tmp_path)
     t = _plant(root, [0.76, 0.20, 0.46], 3)
     text = report.render(root)[report.REPORT]
-    assert t["word"] == "undecided against" and "level with" not in text
+    assert t["verdict"] == "undecided" and "level with" not in text
     line = next(x for x in text.splitlines() if x.startswith("undecided: ") and "`sinusoidal` (0%" in x)
     assert "`sinusoidal` (0% ± 0; no gap within the possible range is detectable)" in line
     sin_row = next(x for x in text.splitlines() if x.startswith("| `sinusoidal` |") and "pt (" in x)
     assert sin_row.endswith("| undecided (detects no gap in range) |")
     root = project_copy(tmp_path / "ten")
     t = _plant(root, [0.76, 0.20, 0.46, 0.62, 0.35, 0.55, 0.28, 0.70, 0.41, 0.52], 10)
-    assert t["word"] == "behind"
+    assert t["verdict"] == "behind"
     text = report.render(root)[report.REPORT]
     assert any(x.startswith("`sinusoidal` (0% ± 0)") and x.endswith("retrieve less;") for x in text.splitlines())
 
 
 def test_the_words_of_every_table_row_are_those_of_its_test():
-    """No row of the LM, MLM or retrieval table says a word its test did not give: each verdict
-    cell is ``analysis.stats.verdict_cell`` of the test the results file holds."""
+    """No row of the LM, MLM or retrieval table says a verdict its test did not give: each
+    verdict cell is ``analysis.stats.verdict_cell`` of the test the results file holds (the LM
+    table's every test, by length, on the ratio and on the perplexity)."""
     from analysis.stats import verdict_cell
 
     text = report.render(REPO)[report.REPORT]
     lm = json.loads((REPO / "results" / "lm_table.json").read_text())
     for s, e in lm.items():
-        if "vs_reference" in e:
-            row = next(x for x in text.splitlines() if x.startswith(f"| `{s}` |") and "Holm" not in x and " ×" in x)
-            assert row.endswith(f"| {verdict_cell(e['vs_reference'])} |"), s
+        for k, t in (e.get("tests") or {}).get("ratio", {}).items():
+            label = "L" if k == "1" else f"{k}L"
+            row = next(x for x in text.splitlines() if x.startswith(f"| `{s}` | `{t['against']}` | {label} |"))
+            ppl = e["tests"]["ppl"][k]
+            assert f"| {verdict_cell(t)} |" in row and row.endswith(f"| {verdict_cell(ppl)} |"), (s, k)
     mlm = json.loads((REPO / "results" / "mlm_table.json").read_text())
     for s, e in mlm["summary"].items():
         if "vs_reference" in e:
@@ -163,6 +174,8 @@ def test_check_names_the_first_difference_and_rendering_mends_it(tmp_path, capsy
 def test_every_generated_file_and_block_starts_with_the_stamp():
     rendered = report.render(REPO)
     assert rendered[report.REPORT].startswith(report.STAMP)
+    pages = [rel for rel in rendered if rel.startswith(report.PROFILES + "/")]
+    assert pages and all(rendered[rel].startswith(report.STAMP) for rel in pages)
     block = rendered[report.README].split("<!-- generated: summary -->\n", 1)[1]
     assert block.startswith(report.STAMP)
 
@@ -219,7 +232,7 @@ def test_flat_schemes_are_compared_with_the_fixed_reference_after_holm():
     f = flat_retrieval(lm, t, 16, "b", 0.05, 0.1)
     assert f["flats"] == ["a", "b", "c"] and f["reference"] == "b"
     assert f["tests"] == against({s: t["schemes"][s]["lengths"]["16"]["values"] for s in "abc"}, "b", "points", 0.1)
-    assert f["tests"]["a"]["m"] == 2 and f["tests"]["a"]["word"] == "ahead of"
+    assert f["tests"]["a"]["m"] == 2 and f["tests"]["a"]["verdict"] == "ahead"
     assert flat_retrieval(lm, t, 16, "steep", 0.05, 0.1)["tests"] == {}  # the reference is not flat: no family
 
 
@@ -233,3 +246,111 @@ def test_docs_that_quote_counts_of_runs_are_checked(tmp_path):
     page.write_text("It trains 45 retrieval runs (15 schemes × 3 seeds).\n")
     wrong = report.quoted_counts(root)
     assert len(wrong) == 1 and "45 retrieval runs" in wrong[0]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation but hyphens dropped,
+    spaces to hyphens."""
+    import re
+
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_report_opens_with_the_summary_and_its_contents_lead_to_every_section():
+    """results.md opens with the summary table (a row per scheme of the study), then its
+    contents, whose every link is a heading of the page; every profile with results has a page
+    of its own, linked from results.md and from the README."""
+    import re
+
+    import yaml
+
+    rendered = report.render(REPO)
+    text = rendered[report.REPORT]
+    headings = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    assert headings[1:3] == ["Summary", "Contents"]
+    summary = text.split("## Summary", 1)[1].split("## Contents", 1)[0]
+    schemes = yaml.safe_load((REPO / "params.yaml").read_text())["schemes"]
+    assert {re.match(r"\| `([^`]+)` \|", x).group(1) for x in summary.splitlines() if x.startswith("| `")} == set(schemes)
+    contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    anchors = re.findall(r"\]\(#([^)]+)\)", contents)
+    assert len(anchors) > 10 and set(anchors) <= {_slug(h) for h in headings}
+    names = sorted(p.parent.name for p in (REPO / "profiles").glob("*/results"))
+    assert sorted(rel for rel in rendered if rel.startswith(report.PROFILES + "/")) == [
+        f"{report.PROFILES}/{n}.md" for n in names]
+    for n in names:
+        assert f"(profiles/{n}.md)" in text and f"(docs/profiles/{n}.md)" in rendered[report.README]
+
+
+def test_check_fails_on_a_page_of_no_profile_and_rendering_removes_it(tmp_path, capsys):
+    root = project_copy(tmp_path)
+    (root / report.PROFILES / "gone.md").write_text("an old page\n")
+    assert report.main(["--root", str(root), "--check"]) == 1
+    assert "docs/profiles/gone.md: a page of no profile with results" in capsys.readouterr().err
+    assert report.main(["--root", str(root)]) == 0 and not (root / report.PROFILES / "gone.md").exists()
+
+
+def _calls(node) -> list[str]:
+    """The names every call in a Jinja template's syntax tree calls: ``f(...)``, ``x.m(...)``
+    (as "x.m"), and the filters and tests it applies (as "|f" and "is t")."""
+    from jinja2 import nodes
+
+    out = []
+    for n in node.find_all((nodes.Call, nodes.Filter, nodes.Test)):
+        if isinstance(n, nodes.Filter):
+            out.append(f"|{n.name}")
+        elif isinstance(n, nodes.Test):
+            out.append(f"is {n.name}")
+        elif isinstance(n.node, nodes.Name):
+            out.append(n.node.name)
+        elif isinstance(n.node, nodes.Getattr):
+            out.append(f"{getattr(n.node.node, 'name', '?')}.{n.node.attr}")
+        else:
+            out.append("?")
+    return out
+
+
+def test_no_template_calls_a_function_that_computes_a_statistic():
+    """The report only renders: what the templates can call is ``analysis.words`` (formats and
+    the words of the verdict ids), Jinja's own filters and tests, their own macros, and the
+    methods of a study that read its files; nothing from ``analysis.stats``, ``papers``,
+    ``findings`` or ``scales`` is exposed to them, and every call in every template's syntax tree
+    is one of those."""
+    import inspect
+
+    from jinja2 import nodes
+
+    from analysis import words
+
+    env = report.environment(REPO)
+    exposed = {k: v for k, v in {**report.HELPERS, **report.FILTERS}.items() if callable(v)}
+    for name, fn in exposed.items():
+        assert inspect.getmodule(fn) is words, name
+    reading = {"spec", "seeds", "table", "link", "has", "get", "items", "keys", "values", "update", "split",
+               "startswith", "append", "join", "endswith"}
+    builtin_filters = {"length", "join", "map", "list", "select", "selectattr", "rejectattr", "sum", "unique",
+                       "sort", "dictsort", "int", "string", "first", "capitalize", "truncate", "default"}
+    builtin_tests = {"defined", "none", "string", "number", "sameas", "eq", "ne", "in", "gt", "equalto"}
+    unexpected = []
+    for path in sorted((REPO / "docs" / "templates").glob("*.j2")):
+        tree = env.parse(path.read_text())
+        macros = {m.name for m in tree.find_all(nodes.Macro)} | {"caller", "loop.cycle"}
+        for call in _calls(tree):
+            name = call.split(".")[-1]
+            ok = (call.startswith("|") and call[1:] in builtin_filters | set(report.FILTERS)) or \
+                 (call.startswith("is ") and call[3:] in builtin_tests | set(env.tests)) or \
+                 call in macros or call in exposed or ("." in call and name in reading)
+            if not ok:
+                unexpected.append(f"{path.name}: {call}")
+    assert unexpected == []
+
+
+def test_rendering_imports_no_statistics_library():
+    """Rendering the whole report (results.md, every profile's page, the README's block) in a
+    fresh interpreter imports neither scipy nor statsmodels: it computes no test."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipelines import report; report.render(); "
+            "print(sorted(m for m in ('scipy', 'statsmodels', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -400,8 +400,18 @@ def test_the_retrieval_summary_keeps_the_runs_that_reached_the_criterion_and_tes
                                    "--extrapolation", *map(str, f["ex"]), "--out-dir", str(tmp_path / "fig"),
                                    "--md-dir", str(tmp_path), "--json", str(tmp_path / "summary.json"),
                                    "--tidy", str(tmp_path / "tidy.csv"), "--reach-tidy", str(tmp_path / "reach.csv"),
-                                   "--criterion", "0.9"]) == 0
+                                   "--reach-json", str(tmp_path / "reach.json"), "--criterion", "0.9"]) == 0
     t = json.loads((tmp_path / "summary.json").read_text())["schemes"]
+    # how far each scheme attends, per multiple, as analysis.reach.summary takes it from the tidy rows
+    import pandas as pd
+
+    from analysis.reach import summary as reach_summary
+
+    reach = json.loads((tmp_path / "reach.json").read_text())
+    for r in reach_summary(pd.read_csv(tmp_path / "reach.csv").to_dict("records")).to_dict("records"):
+        got = reach[r["scheme"]][str(int(r["multiple"]))]
+        assert got["distance"] == pytest.approx(r["distance"]) and got["entropy"] == pytest.approx(r["entropy"])
+        assert got["uniform_distance"] == pytest.approx(r["uniform_distance"]) and got["seeds"] == r["seeds"]
     assert list(t) == ["none", "learned", "alibi"]  # the schemes' drawing order; xpos has no run
     none2 = [0.2 + 0.02, 0.3 + 0.02, 0.4 + 0.02]  # a fifth of the depths gets +0.1
     assert t["none"]["lengths"]["2"]["values"] == pytest.approx(none2)
@@ -884,7 +894,7 @@ def test_summary_of_a_single_seed_and_what_is_tested_against_what():
     vs = one.pop("vs")
     assert one == {"length": 8, "mean": 1.0, "sd": 0.0, "n": 1, "values": [1.0], "lo": rt.wilson(40, 40)[0],
                    "hi": rt.wilson(40, 40)[1], "digit_acc": pytest.approx(0.4), "needle_attention": pytest.approx(0.2)}
-    assert vs["against"] == "none" and vs["word"] == "untested against" and vs["diff"] == pytest.approx(0.4)
+    assert vs["against"] == "none" and vs["verdict"] == "untested" and vs["diff"] == pytest.approx(0.4)
     assert t["rope"]["seeds"] == [3] and t["alibi"]["seeds"] == [0, 1]
     assert all("vs" not in c for c in t["none"]["lengths"].values())
     assert "vs" not in t["alibi"]["lengths"][2] and t["alibi"]["lengths"][2]["length"] == 16

@@ -88,11 +88,11 @@ def test_samples_read_every_table_from_results_shaped_like_the_studys():
 
 
 # ------------------------------------------------------------------ the report's "Across scales"
-def _t(word, diff=0.5, scale="points"):
-    return {"word": word, "diff": diff, "scale": scale}
+def _t(verdict, diff=0.5, scale="points"):
+    return {"verdict": verdict, "diff": diff, "scale": scale}
 
 
-def test_a_finding_holds_only_when_both_tests_give_the_same_word():
+def test_a_finding_holds_only_when_both_tests_give_the_same_verdict():
     from analysis.stats import AHEAD, BEHIND, EQUIVALENT, UNDECIDED, UNTESTED
 
     names = ("default", "scale")
@@ -119,7 +119,7 @@ class _Study:
         self.name, self.top = name, 16
         lm = {s: {"ratio_longest": {"values": v}} for s, v in ratios.items()}
         for s, t in against(ratios, "alibi", "log", 0.05, higher_is_better=False).items():
-            lm[s]["vs_reference"] = t
+            lm[s]["tests"] = {"ratio": {"16": t}}
         self.lm = lm
         self.mlm = {"question": "fb", "tests": family({o: compare(acc["fb"], v, "points", 0.02) | {"against": o}
                                                        for o, v in acc.items() if o != "fb"})}
@@ -139,10 +139,11 @@ def test_findings_pair_each_stated_comparison_with_the_other_studys_own_test():
                {"none": [0.9], "rope": [0.1]})
     rows = {r["finding"]: r for r in scales.findings(a, b)}
     rope = rows["LM: `rope`'s ppl(16L) / ppl(L) against `alibi`'s"]
-    assert rope["a"]["word"] == BEHIND and rope["b"]["word"] == EQUIVALENT
+    assert rope["a"]["verdict"] == BEHIND and rope["b"]["verdict"] == EQUIVALENT
     assert rope["verdict"] == "decided in a, equivalent in b" and scales.depends_on_scale(rope["verdict"])
+    assert rope["changes"] and not rope["one_only"]
     assert rows["LM: `kerple`'s ppl(16L) / ppl(L) against `alibi`'s"]["verdict"] == "holds"
     assert rows["MLM: `fb`'s accuracy against `none`'s"]["verdict"] == "holds"
     retrieval = rows["retrieval: `rope`'s exact match at 4L against `none`'s"]
-    assert retrieval["b"]["word"] == UNTESTED and retrieval["verdict"] == "same direction, untested"
+    assert retrieval["b"]["verdict"] == UNTESTED and retrieval["verdict"] == "same direction, untested"
     assert len(rows) == 4

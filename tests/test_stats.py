@@ -1,7 +1,9 @@
 """The study's statistics (analysis.stats): a comparison against SciPy and by hand, on both
-scales; equivalence against two one-sided Welch tests written out; Holm's correction by hand;
-the power of Welch's test against statsmodels' for equal variances; the words a family earns;
-and the planted case the words must not get wrong (0% against NoPE's spread seeds)."""
+scales, unpaired and paired; equivalence against two one-sided tests written out; Holm's
+correction by hand; the power of Welch's test against a simulation of the test itself at 2 to
+20 degrees of freedom, and the noncentral t against statsmodels'; the paired test's power
+against statsmodels' and a simulation; the verdicts a family earns; and the planted case the
+verdicts must not get wrong (0% against NoPE's spread seeds)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def test_no_test_with_one_seed_or_without_spread():
     flat = stats.compare([1.0, 1.0], [0.5, 0.5])
     assert flat["p"] is None and "no spread" in flat["note"] and flat["diff"] == 0.5
     fam = stats.family({"one": one, "flat": flat})
-    assert {t["word"] for t in fam.values()} == {stats.UNTESTED} and fam["one"]["m"] == 0
+    assert {t["verdict"] for t in fam.values()} == {stats.UNTESTED} and fam["one"]["m"] == 0
 
 
 def test_holm_by_hand():
@@ -94,8 +96,8 @@ def test_holm_by_hand():
     ({"diff": 0.3, "p": 0.01, "p_adj": 0.2, "p_equiv": 0.01, "p_equiv_adj": 0.3, "scale": "points"}, True,
      stats.UNDECIDED),
 ])
-def test_the_word_of_a_test(test, higher, word):
-    assert stats.word(test, higher) == word
+def test_the_verdict_of_a_test(test, higher, word):
+    assert stats.verdict(test, higher) == word
 
 
 def test_a_family_adjusts_together_and_a_raw_p_below_5_percent_can_stay_undecided():
@@ -106,21 +108,133 @@ def test_a_family_adjusts_together_and_a_raw_p_below_5_percent_can_stay_undecide
     raw = {s: scipy_stats.ttest_ind(v, ref, equal_var=False).pvalue for s, v in samples.items() if s != "ref"}
     assert {s: t["p"] for s, t in fam.items()} == pytest.approx(raw)
     assert {s: t["p_adj"] for s, t in fam.items()} == pytest.approx(stats.holm(raw))
-    assert fam["far"]["word"] == stats.AHEAD and fam["far"]["m"] == 3
-    assert fam["same"]["word"] == stats.EQUIVALENT and fam["same"]["seeds_needed"] is None
-    assert raw["near"] < 0.05 < fam["near"]["p_adj"] and fam["near"]["word"] == stats.UNDECIDED
+    assert fam["far"]["verdict"] == stats.AHEAD and fam["far"]["m"] == 3
+    assert fam["same"]["verdict"] == stats.EQUIVALENT and fam["same"]["seeds_needed"] is None
+    assert raw["near"] < 0.05 < fam["near"]["p_adj"] and fam["near"]["verdict"] == stats.UNDECIDED
     assert fam["near"]["seeds_needed"] > 3 and fam["near"]["detectable"] > abs(fam["near"]["diff"])
     assert stats.tally(fam)["needed"] == {"near": fam["near"]["seeds_needed"]}
 
 
-def test_welch_power_is_statsmodels_power_when_the_variances_are_equal():
-    """With equal variances and seeds, Welch's degrees of freedom are 2n − 2 and its power is
-    the two-sample t-test's (statsmodels.stats.power.TTestIndPower)."""
+def test_the_noncentral_t_is_statsmodels_power_when_the_variances_are_equal():
+    """With equal variances and seeds, Welch's degrees of freedom are 2n − 2 and the noncentral t's
+    power is the two-sample t-test's (statsmodels.stats.power.TTestIndPower): ``nct_power`` at
+    every n, and ``welch_power`` itself from ``SIMULATE_BELOW`` seeds a side, where it is the
+    noncentral t."""
     from statsmodels.stats.power import TTestIndPower
 
-    for n, effect, alpha in [(3, 2.0, 0.05), (5, 1.2, 0.01), (10, 0.8, 0.004)]:
-        got = stats.welch_power(effect * 0.3, [0.09, 0.09], [n, n], alpha)
-        assert got == pytest.approx(TTestIndPower().power(effect, nobs1=n, alpha=alpha, ratio=1.0), rel=1e-6)
+    for n, effect, alpha in [(3, 2.0, 0.05), (5, 1.2, 0.01), (10, 0.8, 0.004), (12, 1.3, 0.004), (20, 0.9, 0.01)]:
+        want = TTestIndPower().power(effect, nobs1=n, alpha=alpha, ratio=1.0)
+        se = math.sqrt(2 * 0.09 / n)
+        assert stats.nct_power(effect * 0.3, se, 2 * n - 2, alpha) == pytest.approx(want, rel=1e-6)
+        if n >= stats.SIMULATE_BELOW:
+            assert stats.welch_power(effect * 0.3, [0.09, 0.09], [n, n], alpha) == pytest.approx(want, rel=1e-6)
+
+
+def _welch_df(var, n):
+    q = [v / k for v, k in zip(var, n)]
+    return sum(q) ** 2 / sum(x**2 / (k - 1) for x, k in zip(q, n))
+
+
+def _simulated_rejections(delta, var, n, alpha, draws=20_000, seed=12345, paired=False):
+    """An independent simulation: normal draws with the given variances and a true difference
+    ``delta``, each tested with SciPy's own test (Welch's, or the paired test on pairs whose
+    differences have variance ``var[0]``); the share rejected at ``alpha``."""
+    rng = np.random.default_rng(seed)
+    if paired:
+        d = delta + math.sqrt(var[0]) * rng.standard_normal((draws, n[0]))
+        return float(np.mean(scipy_stats.ttest_1samp(d, 0.0, axis=1).pvalue < alpha))
+    x = delta + math.sqrt(var[0]) * rng.standard_normal((draws, n[0]))
+    y = math.sqrt(var[1]) * rng.standard_normal((draws, n[1]))
+    return float(np.mean(scipy_stats.ttest_ind(x, y, axis=1, equal_var=False).pvalue < alpha))
+
+
+@pytest.mark.parametrize("df,var,n", [(2, (1.0, 1e-4), (3, 3)), (3, (1.0, 1e-4), (4, 4)), (5, (1.0, 1e-4), (6, 6)),
+                                      (10, (1.0, 1.0), (6, 6)), (20, (1.0, 1.0), (11, 11)),
+                                      (20, (1.0, 1e-4), (21, 21))])
+def test_welch_power_is_within_2_points_of_a_simulation_of_the_test(df, var, n):
+    """The power ``welch_power`` states against SciPy's Welch test run on 20,000 independent
+    draws, at the Welch degrees of freedom 2, 3, 5, 10 and 20 (the last both simulated, 11 a side,
+    and from the noncentral t, 21 a side), at the level of one test and of a family of 15, at
+    the difference it calls detectable with 80% power and at half of it: within 2 points."""
+    assert _welch_df(var, n) == pytest.approx(df, abs=0.05)
+    for alpha in (0.05, 0.05 / 15):
+        test = {"p": 0.5, "var": list(var), "n": list(n), "scale": "points"}
+        d = stats.detectable(test, alpha)
+        for delta in (d, d / 2):
+            got = stats.welch_power(delta, var, n, alpha)
+            assert got == pytest.approx(_simulated_rejections(delta, var, n, alpha), abs=0.02), (df, alpha, delta)
+        assert stats.welch_power(d, var, n, alpha) == pytest.approx(stats.POWER, abs=1e-3)
+
+
+def test_a_tail_scipy_cannot_evaluate_counts_as_zero_not_one():
+    """scipy's noncentral t returns NaN far in its lower tail at about 2 degrees of freedom; that
+    tail is about 0, so the power is the upper tail alone, never 1 (the bug that stopped
+    ``detectable`` at the jump instead of at 80% power)."""
+    df, nc = 2.1, 8.0
+    crit = scipy_stats.t.ppf(1 - 0.05 / 28, df)
+    upper = scipy_stats.nct.sf(crit, df, nc)
+    got = stats.nct_power(nc, 1.0, df, 0.05 / 14)  # the lower tail: NaN in scipy 1.17, about 1e-17 in truth
+    assert got == pytest.approx(upper, rel=1e-9) and 0.2 < got < 0.3
+
+
+def test_the_committed_mlm_fire_row_states_what_its_test_can_detect():
+    """The masked LM's ``fire`` against ``none`` (3 seeds a side, about 2 degrees of freedom):
+    the committed table states a detectable difference above 20 points, where the noncentral
+    t's NaN tail made it 9."""
+    import json
+
+    from .conftest import REPO
+
+    mlm = json.loads((REPO / "results" / "mlm_table.json").read_text())
+    t = mlm["summary"]["fire"]["vs_reference"]
+    assert t["verdict"] == stats.UNDECIDED and t["df"] < 3 and t["detectable"] > 0.20
+
+
+def test_a_paired_comparison_is_scipys_paired_test():
+    """``paired=True``: SciPy's ttest_rel on the test's scale (logs for a factor), its interval,
+    and the equivalence test as two one-sided paired tests written out; the differences'
+    variance for the power."""
+    a, b = [1.10, 1.30, 0.95, 1.20, 1.05], [1.00, 1.22, 0.90, 1.08, 1.01]
+    got = stats.compare(a, b, "log", 0.05, paired=True)
+    la, lb = np.log(a), np.log(b)
+    ref = scipy_stats.ttest_rel(la, lb)
+    assert got["paired"] and got["p"] == pytest.approx(ref.pvalue) and got["t"] == pytest.approx(ref.statistic)
+    assert got["df"] == 4 and got["diff"] == pytest.approx(math.exp((la - lb).mean()))
+    lo, hi = ref.confidence_interval(0.95)
+    assert got["ci"] == pytest.approx([math.exp(lo), math.exp(hi)])
+    bound = math.log1p(0.05)
+    lower = scipy_stats.ttest_1samp(la - lb + bound, 0.0, alternative="greater").pvalue
+    upper = scipy_stats.ttest_1samp(la - lb - bound, 0.0, alternative="less").pvalue
+    assert got["p_equiv"] == pytest.approx(max(lower, upper))
+    assert got["var_diff"] == pytest.approx(np.var(la - lb, ddof=1))
+    unpaired = stats.compare(a, b, "log", 0.05)
+    assert unpaired["p"] > got["p"]  # the same seeds, paired: the seed-to-seed spread cancels
+    with pytest.raises(ValueError, match="same seeds"):
+        stats.compare([1.0, 2.0, 3.0], [1.0, 2.0], paired=True)
+
+
+def test_the_paired_power_is_exact_statsmodels_and_a_simulation_agree():
+    """The paired test's power is the one-sample t-test's (statsmodels.stats.power.TTestPower),
+    exact for normal differences: a simulation of SciPy's paired test agrees within 2 points."""
+    from statsmodels.stats.power import TTestPower
+
+    for n, delta, var_d, alpha in [(3, 1.5, 0.2, 0.05), (5, 0.6, 0.1, 0.0125), (10, 0.3, 0.1, 0.004)]:
+        got = stats.paired_power(delta, var_d, n, alpha)
+        assert got == pytest.approx(TTestPower().power(delta / math.sqrt(var_d), nobs=n, alpha=alpha), rel=1e-6)
+        assert got == pytest.approx(_simulated_rejections(delta, (var_d,), (n,), alpha, paired=True), abs=0.02)
+
+
+def test_a_test_read_the_other_way_round():
+    """``reversed_test``: b against a from a's test against b: the reciprocal factor, the interval
+    inverted and swapped, the same p-values, ahead and behind swapped."""
+    fam = stats.against({"ref": [1.0, 1.01, 0.99], "far": [2.0, 2.1, 1.9]}, "ref", "log", 0.05, higher_is_better=False)
+    t = fam["far"]
+    r = stats.reversed_test(t, "far")
+    assert r["diff"] == pytest.approx(1 / t["diff"]) and r["ci"] == pytest.approx([1 / t["ci"][1], 1 / t["ci"][0]])
+    assert r["p_adj"] == t["p_adj"] and r["against"] == "far" and t["verdict"] == stats.BEHIND
+    assert r["verdict"] == stats.AHEAD
+    points = stats.reversed_test(stats.compare([0.3, 0.31], [0.1, 0.12]) | {"against": "b"}, "a")
+    assert points["diff"] == pytest.approx(-0.195)
 
 
 def test_detectable_and_seeds_needed_meet_the_power():
@@ -141,11 +255,14 @@ def test_the_planted_case_nope_against_zero_at_16L():
     none3 = [0.76, 0.20, 0.46]
     fam = stats.against({"none": none3, **{f"s{i}": [0.0] * 3 for i in range(14)}}, "none", margin=0.1)
     t = fam["s0"]
-    assert t["word"] == stats.UNDECIDED and t["m"] == 14
-    assert stats.shown_detectable(t) == "no gap within the possible range is detectable"
+    assert t["verdict"] == stats.UNDECIDED and t["m"] == 14
+    assert stats.detectable_cell(t) == "detects no gap in range"
+    from analysis import words
+
+    assert words.detectable(t) == "no gap within the possible range is detectable"
     none10 = [0.76, 0.20, 0.46, 0.62, 0.35, 0.55, 0.28, 0.70, 0.41, 0.52]
     fam = stats.against({"none": none10, **{f"s{i}": [0.0] * 10 for i in range(14)}}, "none", margin=0.1)
-    assert fam["s0"]["word"] == stats.BEHIND
+    assert fam["s0"]["verdict"] == stats.BEHIND
 
 
 def test_rank_intervals_are_places_with_a_bootstrap_range():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from analysis.stats import BEHIND, EQUIVALENT, compare, family, format_p
+from analysis.stats import BEHIND, EQUIVALENT, against, compare, family, format_p
 from pipelines import study, tables
 from posenc.evaluate import write_results
 
@@ -28,10 +28,12 @@ def test_lm_table_ratio_per_seed_and_not_applicable(tmp_path):
     t = tables.lm_table([tmp_path / "sin.csv", tmp_path / "learned.csv"])
     # per-seed ratios 2.0 and 1.5: mean 1.75 (the ratio of the means would be 1.67)
     assert t["sin"]["ratio_longest"]["mean"] == pytest.approx(1.75)
-    assert t["sin"]["lengths"][4] == {"mean": 3.0, "sd": pytest.approx(math.sqrt(2)), "n": 2, "values": [2.0, 4.0]}
+    assert t["sin"]["ratios"]["2"]["mean"] == pytest.approx(1.75) and t["sin"]["ratios"]["2"]["seeds"] == [0, 1]
+    assert t["sin"]["lengths"][4] == {"mean": 3.0, "sd": pytest.approx(math.sqrt(2)), "n": 2, "values": [2.0, 4.0],
+                                      "seeds": [0, 1]}
     assert t["learned"]["ratio_longest"]["mean"] is None and t["learned"]["lengths"][8]["n"] == 0
     md = tables.lm_markdown(t)
-    assert "| `sin` | 3.00 ± 1.41 | 5.00 ± 1.41 | 1.75 ± 0.35 | 2 |" in md and "n/a" in md
+    assert "| `sin` | 3.00 ± 1.41 | 5.00 ± 1.41 | 2 |" in md and "n/a" in md
     # the headline numbers `dvc metrics show` prints: seed means at L and the longest length
     mlm = {"summary": {"sin": {"acc_mean": 0.25}}}
     head = tables.headline(t, mlm)
@@ -48,19 +50,23 @@ def test_lm_table_compares_every_ratio_with_the_reference(tmp_path):
     write_results(_rows("a", 0, {4: 2.0, 8: 4.0}) + _rows("a", 1, {4: 2.0, 8: 5.0}) + _rows("a", 2, {4: 2.0, 8: 4.4}),
                   tmp_path / "a.csv")
     write_results(_rows("short", 0, {4: 2.0, 8: math.nan}), tmp_path / "short.csv")
-    t = tables.compare_ratios(tables.lm_table([tmp_path / f"{s}.csv" for s in ("q", "a", "short")]), "q", 0.05)
-    w = t["a"]["vs_reference"]
+    t = tables.compare_lm(tables.lm_table([tmp_path / f"{s}.csv" for s in ("q", "a", "short")]), "q", 0.05)
+    w = t["a"]["tests"]["ratio"]["2"]
     ref = stats.ttest_ind(np.log([2.0, 2.5, 2.2]), np.log([1.0, 1.1, 1.05]), equal_var=False)
-    assert w["against"] == "q" and w["scale"] == "log"
+    assert w["against"] == "q" and w["scale"] == "log" and not w["paired"]
     assert w["diff"] == pytest.approx(math.exp(np.log([2.0, 2.5, 2.2]).mean() - np.log([1.0, 1.1, 1.05]).mean()))
     assert w["p"] == pytest.approx(ref.pvalue) and w["p_adj"] == pytest.approx(ref.pvalue) and w["m"] == 1
-    assert w["word"] == BEHIND and not w["higher_is_better"]  # a higher ratio degrades more
-    assert "vs_reference" not in t["q"] and "vs_reference" not in t["short"]  # itself; no ratio
+    assert w["verdict"] == BEHIND and not w["higher_is_better"]  # a higher ratio degrades more
+    # the perplexity at 2L is tested too: a's [4.0, 5.0, 4.4] against q's [2.0, 2.2, 2.1], a family of its own
+    at = t["a"]["tests"]["ppl"]["2"]
+    assert at["p"] == pytest.approx(stats.ttest_ind(np.log([4.0, 5.0, 4.4]), np.log([2.0, 2.2, 2.1]),
+                                                    equal_var=False).pvalue)
+    assert "tests" not in t["q"] and "ratio" not in t["short"]["tests"]  # itself; no value past L
+    assert t["short"]["tests"]["ppl"]["1"]["verdict"] == "untested"  # one seed at L: no test
     md = tables.lm_markdown(t, "q")
-    assert "| ratio ÷ `q`'s (95% CI) | p | Holm p | verdict |" in md.splitlines()[0]
-    assert f"| ×{w['diff']:.3f} ({w['ci'][0]:.3f}, {w['ci'][1]:.3f}) | {format_p(w['p'])} | " in md
-    assert md.splitlines()[2].startswith("| `q` |") and md.splitlines()[2].endswith("| — | — | — | — |")
-    assert "Holm" not in tables.lm_markdown(tables.compare_ratios(t, "absent"), "absent")
+    assert "| scheme | against | at | ratio's factor (95% CI) | p | Holm p | verdict |" in md
+    assert f"| `a` | `q` | 2L | ×{w['diff']:.3f} ({w['ci'][0]:.3f}, {w['ci'][1]:.3f}) | {format_p(w['p'])} | " in md
+    assert "Holm" not in tables.lm_markdown(tables.compare_lm(t, "absent"), "absent")
 
 
 def _study_files(tmp_path, scheme, core="c1"):
@@ -86,7 +92,7 @@ def test_tables_stage_reads_the_study_schemes_and_refuses_mixed_code(tmp_path, c
     err = capsys.readouterr().err
     assert "no runs for scheme sandwich" in err and "extra.json belongs to no scheme of the study" in err
     lm = json.loads((tmp_path / "out" / "lm_table.json").read_text())
-    assert set(lm) == {"none", "alibi"} and lm["none"]["vs_reference"]["against"] == "alibi"
+    assert set(lm) == {"none", "alibi"} and lm["none"]["tests"]["ratio"]["2"]["against"] == "alibi"
     assert sorted(p.name for p in (tmp_path / "out" / "metrics").iterdir()) == ["alibi.json", "none.json"]
     # results of another version of the shared code: refused before anything is written
     _study_files(tmp_path, "alibi", core="c2")
@@ -108,12 +114,12 @@ def test_mlm_table_tests_the_question_against_the_schemes_named(tmp_path):
     t = tables.mlm_table(tables.mlm_runs([f]), "fixed", ["none", "sinusoidal"], margin=0.02)
     assert list(t["tests"]) == ["none", "sinusoidal"]  # rope is better, but was not named
     assert t["tests"]["none"]["diff"] == pytest.approx(0.21) and t["tests"]["none"]["p"] < 0.001
-    assert t["tests"]["none"]["m"] == 2 and t["tests"]["none"]["word"] == "ahead of"
+    assert t["tests"]["none"]["m"] == 2 and t["tests"]["none"]["verdict"] == "ahead"
     assert t["summary"]["sinusoidal"]["vs_reference"]["diff"] == pytest.approx(0.06)
     assert t["summary"]["sinusoidal"]["vs_reference"]["m"] == 3 and "vs_reference" not in t["summary"]["none"]
     md = tables.mlm_markdown(t)
     assert md.index("| `rope`") < md.index("| `fixed`") < md.index("| `none`")  # best accuracy first
-    assert "named before the data" in md
+    assert "each scheme params.yaml names" in md
     causal = tables.mlm_table(tables.mlm_runs([f]), "xpos", ["none"])  # a causal-only scheme in the slot
     assert causal["tests"] == {} and "`xpos` has no masked-LM runs" in causal["note"]
     assert "Does `xpos` help? `xpos` has no masked-LM runs" in tables.mlm_markdown(causal)  # the section stays
@@ -186,10 +192,10 @@ def test_a_study_stage_empties_its_runs_folder_and_records_provenance(tmp_path, 
 
 # ---------------------------------------------------------------- lm table, by hand
 def test_lm_table_by_hand(tmp_path):
-    """``lm_table``: per scheme its L, seeds, mean ± sd and count of finite perplexities at
-    each length (the non-overlapping method only), and the ratio ppl(longest) / ppl(L) per
-    seed; a seed without the longest length gives no ratio; a scheme scored at L alone has
-    its ratio 1. (A seed without the longest length or without L gives no ratio.)"""
+    """``lm_table``: per scheme its L, seeds, mean ± sd, count and per-seed values of finite
+    perplexities at each length (the non-overlapping method only), the ratio ppl(kL) / ppl(L)
+    per seed at every multiple k, and the ratio at the longest length; a seed without L or kL
+    gives no ratio there; a scheme scored at L alone has its ratio 1."""
     rows = _rows("sin", 0, {4: 2.0, 6: 2.5, 16: 4.0}) + _rows("sin", 1, {4: 4.0, 6: 4.5, 16: 6.0})
     rows += [{**r, "method": "sliding", "ppl": 1.0} for r in rows]
     write_results(rows, tmp_path / "sin.csv")
@@ -197,84 +203,127 @@ def test_lm_table_by_hand(tmp_path):
                   tmp_path / "gap.csv")
     write_results(_rows("short", 5, {8: 3.0}, train_len=8), tmp_path / "short.csv")
     t = tables.lm_table([tmp_path / f"{s}.csv" for s in ("sin", "gap", "short")])
+    sd = pytest.approx(2**0.5)
     assert t["sin"] == {"train_len": 4, "seeds": [0, 1],
-                        "lengths": {4: {"mean": 3.0, "sd": pytest.approx(2**0.5), "n": 2, "values": [2.0, 4.0]},
-                                    6: {"mean": 3.5, "sd": pytest.approx(2**0.5), "n": 2, "values": [2.5, 4.5]},
-                                    16: {"mean": 5.0, "sd": pytest.approx(2**0.5), "n": 2, "values": [4.0, 6.0]}},
+                        "lengths": {4: {"mean": 3.0, "sd": sd, "n": 2, "values": [2.0, 4.0], "seeds": [0, 1]},
+                                    6: {"mean": 3.5, "sd": sd, "n": 2, "values": [2.5, 4.5], "seeds": [0, 1]},
+                                    16: {"mean": 5.0, "sd": sd, "n": 2, "values": [4.0, 6.0], "seeds": [0, 1]}},
+                        "ratios": {"4": {"mean": 1.75, "sd": pytest.approx(0.125**0.5), "n": 2, "values": [2.0, 1.5],
+                                         "seeds": [0, 1]}},
                         "ratio_longest": {"mean": 1.75, "sd": pytest.approx(0.125**0.5), "n": 2, "longest": 16,
                                           "values": [2.0, 1.5]}}
     assert t["gap"]["ratio_longest"] == {"mean": 2.0, "sd": 0.0, "n": 1, "longest": 16, "values": [2.0]}
+    assert t["gap"]["ratios"]["4"]["seeds"] == [0]
     assert t["gap"]["lengths"][16]["n"] == 2 and t["gap"]["seeds"] == [0, 1, 2]
     assert t["short"]["train_len"] == 8 and t["short"]["ratio_longest"]["values"] == [1.0]
 
 
-def _lm_entry(L, seeds, lengths, ratio, longest, values=(), vs=None):
-    e = {"train_len": L, "seeds": seeds, "lengths": {t: {"mean": m, "sd": sd, "n": len(seeds)} for t, (m, sd) in
-                                                      lengths.items()},
-         "ratio_longest": {"mean": ratio[0], "sd": ratio[1], "n": len(values), "longest": longest,
-                           "values": list(values)}}
-    return {**e, "vs_reference": vs} if vs else e
+def _lm_entry(L, seeds, lengths, ratio, longest, values=()):
+    """A hand-made row of the LM table: its lengths' mean and sd, and the ratio at the longest."""
+    return {"train_len": L, "seeds": seeds, "lengths": {t: {"mean": m, "sd": sd, "n": len(seeds)} for t, (m, sd) in
+                                                        lengths.items()},
+            "ratio_longest": {"mean": ratio[0], "sd": ratio[1], "n": len(values), "longest": longest,
+                              "values": list(values)}}
 
 
-def test_compare_ratios_only_compares_like_with_like():
-    """Each scheme's ratios are tested against the reference's when both reach the same
-    longest length from the same L; not the reference itself, not a scheme without ratios,
-    not one of another longest length or another L; a rule's row against its own scheme's
-    plain row, a family of its own; nothing against a reference without ratios."""
-    q = _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.05, 0.05), 16, [1.0, 1.1, 1.05])
-    a = _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (2.2, 0.2), 16, [2.0, 2.5, 2.2])
-    t = {"q": q, "a": a, "a+rule": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.2, 0.1), 16, [1.1, 1.3, 1.2]),
-         "far": _lm_entry(4, [0, 1], {4: (2.0, 0.1)}, (3.0, 0.1), 32, [3.0, 3.1]),
-         "other_l": _lm_entry(8, [0, 1], {8: (2.0, 0.1)}, (1.0, 0.1), 16, [1.0, 1.1]),
-         "none_yet": _lm_entry(4, [0], {4: (2.0, 0.0)}, (None, None), 16)}
-    out = tables.compare_ratios(t, "q", 0.05)
-    assert [s for s, e in out.items() if "vs_reference" in e] == ["a"]
-    expected = family({"a": compare([2.0, 2.5, 2.2], [1.0, 1.1, 1.05], "log", 0.05) | {"against": "q"}},
-                      higher_is_better=False)["a"]
-    assert out["a"]["vs_reference"] == expected
-    assert [s for s, e in out.items() if "vs_plain" in e] == ["a+rule"]
-    assert out["a+rule"]["vs_plain"]["against"] == "a" and out["a+rule"]["vs_plain"]["word"] in ("ahead of", "undecided against")
-    for reference in (None, "", "none_yet", "absent"):
-        assert not any("vs_reference" in e for e in tables.compare_ratios(out, reference).values())
+def _lm_files(tmp_path, rows: dict) -> dict:
+    """An LM table from {scheme: {seed: {length: ppl}}} at L = 4 (``lm_table`` of written results)."""
+    files = []
+    for s, seeds in rows.items():
+        write_results([r for seed, by in seeds.items() for r in _rows(s, seed, by)], tmp_path / f"{s.replace('+', '_')}.csv")
+        files.append(tmp_path / f"{s.replace('+', '_')}.csv")
+    return tables.lm_table(files)
 
 
-def test_at_length_reads_int_and_json_keys():
+def test_compare_lm_tests_every_length_and_pairs_the_rule_rows(tmp_path):
+    """``compare_lm``: every scheme proper of the reference's L against the reference, on the
+    ratio at each multiple and on the perplexity at each multiple, each (quantity, multiple) a
+    family (Holm over the schemes); not the reference itself, not a scheme of another L; a rule's
+    row against its plain row seed by seed (SciPy's paired test on the logs), a family of its own;
+    each scheme proper's place by its perplexity at the longest length; nothing against a
+    reference without values."""
+    t = _lm_files(tmp_path, {
+        "q": {0: {4: 2.0, 8: 2.0, 16: 2.1}, 1: {4: 2.2, 8: 2.3, 16: 2.2}, 2: {4: 2.1, 8: 2.1, 16: 2.2}},
+        "a": {0: {4: 2.0, 8: 4.0, 16: 6.0}, 1: {4: 2.4, 8: 5.0, 16: 7.0}, 2: {4: 2.2, 8: 4.4, 16: 6.6}},
+        "b": {0: {4: 1.9, 8: 2.0, 16: 2.3}, 1: {4: 2.1, 8: 2.2, 16: 2.6}, 2: {4: 2.0, 8: 2.4, 16: 2.5}},
+        "a+rule": {0: {4: 2.0, 8: 3.0, 16: 4.0}, 1: {4: 2.4, 8: 3.9, 16: 4.6}, 2: {4: 2.2, 8: 3.1, 16: 4.5}}})
+    write_results(_rows("other_l", 0, {8: 2.0, 16: 2.0}, train_len=8) + _rows("other_l", 1, {8: 2.1, 16: 2.2}, train_len=8),
+                  tmp_path / "other.csv")
+    t |= tables.lm_table([tmp_path / "other.csv"])
+    out = tables.compare_lm(t, "q", 0.05)
+    assert sorted(s for s, e in out.items() if "tests" in e) == ["a", "b"]
+    assert set(out["a"]["tests"]) == {"ratio", "ppl"} and set(out["a"]["tests"]["ratio"]) == {"2", "4"}
+    assert set(out["a"]["tests"]["ppl"]) == {"1", "2", "4"}
+    ratios = {s: out[s]["ratios"]["4"]["values"] for s in ("a", "b", "q")}
+    assert out["a"]["tests"]["ratio"]["4"] == against(ratios, "q", "log", 0.05, higher_is_better=False)["a"]
+    assert out["a"]["tests"]["ratio"]["4"]["m"] == 2
+    rule = out["a+rule"]["rule"]["ratio"]["4"]
+    mine, plain = out["a+rule"]["ratios"]["4"]["values"], out["a"]["ratios"]["4"]["values"]
+    assert rule["paired"] and rule["against"] == "a" and rule["m"] == 1
+    assert rule["p"] == pytest.approx(stats.ttest_rel(np.log(mine), np.log(plain)).pvalue)
+    assert "ppl" in out["a+rule"]["rule"] and out["a+rule"]["rule"]["ppl"]["1"]["p"] is None  # equal at L: no spread
+    assert {s: out[s]["place"]["place"] for s in ("q", "a", "b")} == {"q": 1, "b": 2, "a": 3}
+    assert "place" not in out["a+rule"] and "place" not in out["other_l"]  # a place among the reference's L only
+    for reference in (None, "", "absent"):
+        assert not any("tests" in e for e in tables.compare_lm(out, reference).values())
+
+
+def test_compare_pairs_tests_each_group_as_a_family(tmp_path):
+    """``compare_pairs``: the pairs params.yaml names (``parse_pairs``), each group a family per
+    quantity and multiple, Welch on the logs; a pair with a side the table lacks is left out; a
+    malformed pair is refused naming the setting."""
+    t = _lm_files(tmp_path, {
+        "q": {0: {4: 2.0, 8: 2.0}, 1: {4: 2.2, 8: 2.3}, 2: {4: 2.1, 8: 2.1}},
+        "a": {0: {4: 2.0, 8: 4.0}, 1: {4: 2.4, 8: 5.0}, 2: {4: 2.2, 8: 4.4}},
+        "b": {0: {4: 1.9, 8: 2.0}, 1: {4: 2.1, 8: 2.2}, 2: {4: 2.0, 8: 2.4}}})
+    groups = tables.parse_pairs({"g": "a:b q:b a:absent"})
+    assert groups == {"g": [("a", "b"), ("q", "b"), ("a", "absent")]}
+    out = tables.compare_pairs(t, groups, 0.05)
+    assert set(out["g"]) == {"a:b", "q:b"}
+    ab = out["g"]["a:b"]["ratio"]["2"]
+    assert ab == family({k: compare(t[x]["ratios"]["2"]["values"], t[y]["ratios"]["2"]["values"], "log", 0.05)
+                         | {"against": y} for k, (x, y) in {"a:b": ("a", "b"), "q:b": ("q", "b")}.items()},
+                        higher_is_better=False)["a:b"]
+    with pytest.raises(ValueError, match="lm_table.pairs.g: 'ab' is not a pair"):
+        tables.parse_pairs({"g": "ab"})
+
+
+def test_at_length_reads_int_and_json_keys(tmp_path):
     """A length's statistics whether the table was just built (int keys) or read back from
     JSON (string keys); {} for a length the scheme was not scored at."""
-    e = _lm_entry(4, [0], {4: (2.0, 0.0), 8: (3.0, 0.0)}, (1.5, 0.0), 8, [1.5])
+    e = _lm_files(tmp_path, {"s": {0: {4: 2.0, 8: 3.0}}})["s"]
     back = json.loads(json.dumps(e))
     for entry in (e, back):
-        assert tables.at_length(entry, 8) == {"mean": 3.0, "sd": 0.0, "n": 1} and tables.at_length(entry, 16) == {}
+        assert tables.at_length(entry, 8) == {"mean": 3.0, "sd": 0.0, "n": 1, "values": [3.0], "seeds": [0]}
+        assert tables.at_length(entry, 16) == {}
 
 
-def test_lm_markdown_by_hand():
-    """``lm_markdown``: a column per length (labelled with its multiple of L when it is one),
-    the ratio and the seeds, rows by increasing ratio (schemes without one last), "n/a"
-    where a scheme has no perplexity, and with a reference each row's comparison cells
-    (``analysis.stats.comparison_cells``: dashes for the reference itself); the rule rows'
-    family in a table of its own."""
+def test_lm_markdown_by_hand(tmp_path):
+    """``lm_markdown``: the perplexity at every length (labelled with its multiple of L) with the
+    seeds and each scheme's place, rows by perplexity at the longest length ("n/a" where a scheme
+    has none); with a reference, a grid per quantity of each verdict by length and every test in
+    full (``analysis.stats.comparison_cells``); the rule rows against their plain rows; the pairs."""
     from analysis.stats import comparison_cells
 
-    fam = family({"b": compare([1.45, 1.5, 1.55], [1.2, 1.25, 1.3], "log", 0.05) | {"against": "q"}}, False)
-    t = {"b": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.5, 0.2), 16: (3.0, 0.3)}, (1.5, 0.05), 16, vs=fam["b"]),
-         "q": _lm_entry(4, [0, 1, 2], {4: (2.0, 0.1), 6: (2.2, 0.1), 16: (2.5, 0.2)}, (1.25, 0.05), 16),
-         "learned": _lm_entry(4, [0], {4: (3.0, 0.0), 6: (None, None)}, (None, None), 6)}
-    rows = ["| `q` | 2.00 ± 0.10 | 2.20 ± 0.10 | 2.50 ± 0.20 | 1.25 ± 0.05 | 3 |",
-            "| `b` | 2.00 ± 0.10 | 2.50 ± 0.20 | 3.00 ± 0.30 | 1.50 ± 0.05 | 3 |",
-            "| `learned` | 3.00 ± 0.00 | n/a | n/a | — | 1 |"]
-    assert tables.lm_markdown(t, "q") == "\n".join([
-        "| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds | ratio ÷ `q`'s (95% CI) | p | Holm p | verdict |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-        rows[0] + " — | — | — | — |", rows[1] + " " + " | ".join(comparison_cells(fam["b"])) + " |",
-        rows[2] + " — | — | — | — |"]) + "\n"
-    plain = "\n".join(["| scheme | 4 (1L) | 6 | 16 (4L) | ppl(4L) / ppl(L) | seeds |",
-                       "| --- | ---: | ---: | ---: | ---: | ---: |", *rows]) + "\n"
-    assert tables.lm_markdown(t) == plain  # comparisons in the table, but no reference asked: not shown
-    rule = family({"b+r": compare([1.3, 1.35, 1.2], [1.45, 1.5, 1.55], "log") | {"against": "b"}}, False)["b+r"]
-    with_rule = {**t, "b+r": {**_lm_entry(4, [0, 1, 2], {4: (2.0, 0.1)}, (1.3, 0.1), 16), "vs_plain": rule}}
-    md = tables.lm_markdown(with_rule, "q")
-    assert "against their own scheme's plain row" in md
-    assert md.rstrip().endswith("| `b+r` | `b` | " + " | ".join(comparison_cells(rule)) + " |")
+    t = tables.compare_lm(_lm_files(tmp_path, {
+        "q": {0: {4: 2.0, 8: 2.0}, 1: {4: 2.2, 8: 2.3}, 2: {4: 2.1, 8: 2.1}},
+        "b": {0: {4: 2.0, 8: 4.0}, 1: {4: 2.4, 8: 5.0}, 2: {4: 2.2, 8: 4.4}},
+        "b+r": {0: {4: 2.0, 8: 3.0}, 1: {4: 2.4, 8: 3.4}, 2: {4: 2.2, 8: 3.6}}}), "q", 0.05)
+    pairs = tables.compare_pairs(t, {"g": [("b", "q")]}, 0.05)
+    md = tables.lm_markdown(t, "q", pairs)
+    lines = md.splitlines()
+    assert lines[:5] == ["| scheme | 4 (L) | 8 (2L) | seeds | place by ppl(2L) (95% interval) |",
+                         "| --- | ---: | ---: | ---: | ---: |",
+                         "| `q` | 2.10 ± 0.10 | 2.13 ± 0.15 | 3 | 1 (1–1) |",
+                         "| `b+r` | 2.20 ± 0.20 | 3.33 ± 0.31 | 3 | — |",
+                         "| `b` | 2.20 ± 0.20 | 4.47 ± 0.50 | 3 | 2 (2–2) |"]
+    ratio = t["b"]["tests"]["ratio"]["2"]
+    assert f"| `b` | {t['b']['ratios']['2']['mean']:.2f}; ×{ratio['diff']:.2f} behind |" in md
+    assert f"| `b` | `q` | 2L | {' | '.join(comparison_cells(ratio))} | " in md
+    rule = t["b+r"]["rule"]["ratio"]["2"]
+    assert "seed by seed (paired tests" in md and f"| `b+r` | `b` | 2L | {' | '.join(comparison_cells(rule))} | " in md
+    assert "Pairs `g`" in md and md.rstrip().splitlines()[-1].startswith("| `b` | `q` | 2L |")
+    assert "against `q`" not in tables.lm_markdown(t)  # no reference asked: no reference's grids or tests
 
 
 def _mlm_file(tmp_path, runs):
@@ -307,7 +356,7 @@ def test_mlm_table_by_hand(tmp_path):
     assert {k: v for k, v in solo.items() if k != "vs_reference"} == {
         "seeds": [7], "n": 1, "steps": 300, "acc_mean": 0.3, "acc_sd": 0.0, "ppl_mean": 3.0, "ppl_sd": 0.0,
         "acc": [0.3], "ppl": [3.0]}
-    assert solo["vs_reference"]["word"] == "untested against" and solo["vs_reference"]["diff"] == pytest.approx(0.06)
+    assert solo["vs_reference"]["verdict"] == "untested" and solo["vs_reference"]["diff"] == pytest.approx(0.06)
     assert list(t["tests"]) == ["none", "solo", "rope"]
     asked = family({o: compare([0.45, 0.46, 0.44], v, "points", 0.02) | {"against": o}
                     for o, v in (("none", none_acc), ("solo", [0.3]), ("rope", [0.50, 0.49, 0.51]))})
@@ -337,7 +386,7 @@ def test_mlm_markdown_by_hand(tmp_path):
     w = t["tests"]["none"]
     diff, *rest = comparison_cells(w)
     assert tables.mlm_markdown(t) == "\n".join(table + [
-        "", "Does `fixed` help? Its accuracy against each scheme named before the data (a family of its own):", "",
+        "", "Does `fixed` help? Its accuracy against each scheme params.yaml names (a family of its own):", "",
         "| against | difference (95% CI) | t | df | p | Holm p | verdict |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
         f"| `none` | {diff} | {w['t']:+.2f} | {w['df']:.1f} | {' | '.join(rest)} |",
@@ -468,11 +517,12 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr()
     lm = json.loads((tmp_path / "results" / "lm_table.json").read_text())
     mlm = json.loads((tmp_path / "results" / "mlm_table.json").read_text())
-    assert {e["vs_reference"]["against"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
+    assert {e["tests"]["ratio"]["2"]["against"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
     assert mlm["question"] == "fixed_bidirectional" and list(mlm["tests"]) == DEFAULT_AGAINST
-    assert (tmp_path / "figures" / "lm_table.md").read_text() == tables.lm_markdown(lm, "alibi")
+    assert json.loads((tmp_path / "results" / "lm_pairs.json").read_text()) == {}  # no params: no pairs named
+    assert (tmp_path / "figures" / "lm_table.md").read_text() == tables.lm_markdown(lm, "alibi", {})
     assert (tmp_path / "figures" / "mlm_table.md").read_text() == tables.mlm_markdown(mlm)
-    assert out.out == tables.lm_markdown(lm, "alibi") + "\n" + tables.mlm_markdown(mlm) + "\n" and out.err == ""
+    assert out.out == tables.lm_markdown(lm, "alibi", {}) + "\n" + tables.mlm_markdown(mlm) + "\n" and out.err == ""
     assert json.loads((tmp_path / "results" / "timing.json").read_text())["total"]["runs"] == 2 * 7
     metrics = sorted(p.name for p in (tmp_path / "results" / "metrics").iterdir())
     assert metrics == sorted(f"{s}.json" for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST))

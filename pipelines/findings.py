@@ -1,0 +1,192 @@
+"""The findings stage: the comparisons the report states across tables and studies
+(``analysis.findings``), written once for the report, and the fairness profiles' figure.
+
+    python -m pipelines.findings --retrieval retrieval-seeds --out results/findings.json \
+        --figure figures/fairness
+
+Reads the default study's tables, the retrieval table of the profile ``--retrieval`` (when it
+has results) and the fairness profiles (``profiles/fairness-lr<rate>/``). Writes:
+
+* ``primary``: the primary hypotheses ``params.yaml`` names, each family as the tables tested it;
+* ``t5``: T5 with every bucket trained against T5 as the study runs it, the share of its excess
+  ratio that training every bucket removes, and both at the fairness profiles' longer budget;
+* ``flat``: the flat-perplexity schemes' exact match at the longest length, against the LM
+  table's reference;
+* ``fairness``: each scheme's best rate, Kendall's τ of the orderings, the default study's
+  decided findings at the tuned, longer budget (direction and size against the margin), the
+  ratios at both budgets and what the longer budget would cost the default study;
+* ``power`` and ``seeds``: what each family decides with its seeds, and with fewer;
+* ``ratio_and_absolute``: where the ratio and the absolute perplexity at the longest length
+  give different verdicts.
+
+The figure (``--figure``, .png and .svg) is perplexity at L against the learning rate, a line
+per scheme (``analysis.rates``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from posenc.files import write_json
+
+from analysis import findings
+
+from .results import ROOT, Study
+
+
+def _t5(study: Study, retrieval: Study, longer: Study | None) -> dict:
+    """The bucket control (``analysis.findings.t5_control``) and, at the longer budget, each of
+    the two schemes' ratio (one seed: a direction)."""
+    P = study.params
+    plain, variant = P["report"]["bucket_control"]["plain"], P["report"]["bucket_control"]["variant"]
+    margins = {"lm": P["lm_table"]["margin"], "retrieval": P["retrieval_table"]["margin"]}
+    out = {"plain": plain, "variant": variant,
+           "tests": findings.t5_control(study.lm, retrieval.retrieval, study.top, margins, plain, variant)}
+    ratios = {s: ((longer.lm.get(s) or {}).get("ratio_longest") or {}).get("mean") for s in (plain, variant)} \
+        if longer else {}
+    if ratios and all(ratios.values()):
+        out["longer"] = {"profile": longer.name, "factor": longer.spec("lm")["steps"] / study.spec("lm")["steps"],
+                         **ratios, "costs_more": ratios[variant] < ratios[plain] / (1 + margins["lm"])}
+    return out
+
+
+def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
+    """The fairness block (see the module doc), or None without the profile at the default rate."""
+    P = study.params
+    rate = P["common"].split("optim.lr=")[1].split()[0] if "optim.lr=" in P["common"] else None
+    if rate not in profiles:
+        return None
+    margins = {"lm": P["lm_table"]["margin"], "mlm": P["mlm_table"]["margin"]}
+    out = findings.fairness(study, profiles, rate, margins)
+    one = profiles[rate]
+    factor = one.spec("lm")["steps"] / study.spec("lm")["steps"]
+    grid = sorted(profiles, key=float)
+    edges = []
+    for task, best in (("causal", out["lm_best"]), ("masked", out["mlm_best"])):
+        rates = [b["rate"] for b in best.values()]
+        for edge, side in ((grid[-1], "highest"), (grid[0], "lowest")):
+            if rates.count(edge):
+                edges.append({"task": task, "rate": edge, "side": side, "schemes": rates.count(edge), "of": len(rates)})
+    up = {s: g for s, g in out["growth"].items() if g["longer"] > 1 + margins["lm"]}
+    at_l, longer_at_l = findings.ppl_at_l(study), findings.ppl_at_l(one)
+    fit = {s: {"default": at_l[s], "longer": longer_at_l[s]} for s in at_l if s in longer_at_l}
+    lm_s = study.timing["total"]["task_s"].get(study.task("lm"), 0)
+    mlm_s = study.timing["total"]["task_s"].get(study.task("mlm"), 0)
+    workers = next(iter(study.timing["stages"].values()))["workers"]
+    extra = (factor - 1) * (lm_s + mlm_s) / workers
+    return {**out, "rate": rate, "rates": grid, "factor": factor, "steps": {"lm": one.spec("lm")["steps"],
+                                                                            "mlm": one.spec("mlm")["steps"]},
+            "best_counts": {task: {r: [b["rate"] for b in best.values()].count(r) for r in grid}
+                            for task, best in (("lm", out["lm_best"]), ("mlm", out["mlm_best"]))},
+            "edges": edges, "fit": fit, "fit_lower": sum(f["longer"] < f["default"] for f in fit.values()), "wider": [s for s, g in up.items() if g["longer"] > g["default"] * 1.1],
+            "narrower": [s for s, g in up.items() if g["longer"] < g["default"] / 1.1],
+            "cost": {"worker_s": lm_s + mlm_s, "workers": workers, "extra_s": extra}}
+
+
+def _families(study: Study, retrieval: Study) -> dict:
+    """The families whose seeds and power the report tabulates, by their name in the table."""
+    P, top = study.params, study.top
+    ref = P["lm_table"]["reference"]
+    fams: dict = {}
+    for q, what in (("ratio", "ratio ppl({k}L) / ppl(L)"), ("ppl", "ppl({k}L)")):
+        ks = sorted({int(k) for e in study.lm.values() for k in ((e.get("tests") or {}).get(q) or {})})
+        for k in ks if q == "ratio" else [top]:
+            fams[f"LM: {what.format(k=k)} against `{ref}`"] = {
+                s: e["tests"][q][str(k)] for s, e in study.lm.items() if str(k) in ((e.get("tests") or {}).get(q) or {})}
+    fams[f"LM: context-extension rows against their plain scheme at {top}L (paired)"] = {
+        s: e["rule"]["ratio"][str(top)] for s, e in study.lm.items() if str(top) in ((e.get("rule") or {}).get("ratio") or {})}
+    fams[f"MLM: accuracy against `{study.mlm['reference']}`"] = {
+        s: e["vs_reference"] for s, e in study.mlm["summary"].items() if "vs_reference" in e}
+    fams[f"MLM: `{study.mlm['question']}` against the schemes named"] = study.mlm.get("tests") or {}
+    where = f" (profile `{retrieval.name}`)" if retrieval is not study else ""
+    for m in sorted({4, top}):
+        fams[f"retrieval: exact match at {m}L against `{retrieval.retrieval['against']}`{where}"] = {
+            s: e["lengths"][str(m)]["vs"] for s, e in retrieval.retrieval["schemes"].items()
+            if "vs" in e["lengths"].get(str(m), {})}
+    return fams
+
+
+def _seeds(study: Study, retrieval: Study) -> dict:
+    """How many comparisons the LM table (ratio at the longest length) and the retrieval table (at
+    the longest length) decide or find equivalent with their first 3 seeds and with all."""
+    P, top = study.params, study.top
+    lr = {s: e["ratios"][str(top)]["values"] for s, e in study.lm.items()
+          if "+" not in s and str(top) in e.get("ratios", {})}
+    ex = {s: e["lengths"][str(top)]["values"] for s, e in retrieval.retrieval["schemes"].items()
+          if "+" not in s and str(top) in e["lengths"]}
+    out = {}
+    for key, samples, ref, scale, margin, hib, n in (
+            ("lm", lr, P["lm_table"]["reference"], "log", P["lm_table"]["margin"], False, len(study.seeds("lm"))),
+            ("retrieval", ex, retrieval.retrieval["against"], "points", P["retrieval_table"]["margin"], True,
+             len(retrieval.seeds("retrieval")))):
+        rows = []
+        for k in sorted({min(3, n), n}):
+            v = findings.with_seeds(samples, ref, k, scale, margin, hib)["verdicts"]
+            rows.append({"seeds": k, "decided": len(v["ahead"]) + len(v["behind"]) + len(v["equivalent"]),
+                         "of": len(samples) - 1})
+        out[key] = {"reference": ref, "rows": rows}
+    return out
+
+
+def _model(model: str) -> dict | None:
+    """The default study's model settings (``conf/model/<name>.yaml``, with the overrides a
+    profile's ``model`` adds, ``micro model.n_heads=1``): its width, layers and heads."""
+    import yaml
+
+    name, *overrides = str(model).split()
+    path = ROOT / "conf" / "model" / f"{name}.yaml"
+    if not path.exists():
+        return None
+    cfg = yaml.safe_load(path.read_text())
+    for o in overrides:
+        key, _, value = o.partition("=")
+        cfg[key.removeprefix("model.")] = yaml.safe_load(value)
+    return {k: cfg.get(k) for k in ("d_model", "n_layers", "n_heads")} | {
+        "head_width": cfg["d_model"] // cfg["n_heads"] if cfg.get("n_heads") else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.findings", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--retrieval", default="retrieval-seeds", help="the profile the retrieval findings read")
+    p.add_argument("--out", default="results/findings.json")
+    p.add_argument("--figure", default="figures/fairness", help="the fairness figure's stem (.png and .svg)")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)  # tests run it on a copy
+    a = p.parse_args(argv)
+    root = Path(a.root)
+    study = Study(root)
+    seeds = Study(root / "profiles" / a.retrieval, a.retrieval)
+    retrieval = seeds if seeds.has("retrieval") else study
+    fair = {d.name[len("fairness-lr"):]: Study(d, d.name) for d in sorted((root / "profiles").glob("fairness-lr*"))
+            if (d / "results" / "lm_table.json").exists()}
+    P, top = study.params, study.top
+    fairness = _fairness(study, fair)
+    families = _families(study, retrieval)
+    from analysis import stats
+
+    out = {"retrieval": retrieval.name,
+           "method": {"simulate_below": stats.SIMULATE_BELOW, "draws": stats.DRAWS, "tolerance": stats.TOLERANCE},
+           "primary": findings.primary(P.get("primary") or [], study.lm, study.lm_pairs, study.mlm, retrieval.retrieval),
+           "t5": _t5(study, retrieval, fair.get(fairness["rate"]) if fairness else None),
+           "flat": findings.flat_retrieval(study.lm, retrieval.retrieval, top, P["lm_table"]["reference"],
+                                           P["lm_table"]["margin"], P["retrieval_table"]["margin"]),
+           "fairness": fairness,
+           "power": findings.power(families), "seeds": _seeds(study, retrieval),
+           "model": _model(P["model"]),
+           "ratio_and_absolute": findings.ratio_and_absolute(study.lm, top),
+           "buckets": {s: {"far_mean": sum(e["bias"][e["reached"][-3]:e["reached"][-1] + 1]) / len(
+               e["bias"][e["reached"][-3]:e["reached"][-1] + 1])} for s, e in (study.buckets if study.has("buckets") else {}).items()
+               if e.get("unreached") and len(e.get("reached", [])) >= 3}}
+    write_json(a.out, out)
+    from analysis.rates import plot_rates
+
+    plot_rates(fairness["lm_best"] if fairness else {}, a.figure, fairness["steps"]["lm"] if fairness else 0,
+               fairness["rate"] if fairness else None)
+    print(f"wrote {a.out} and {a.figure}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
