@@ -17,7 +17,10 @@ template that names a result that does not exist fails (Jinja's ``StrictUndefine
 
 ``--check`` is what CI runs on the committed results: it fails when a committed generated
 file differs from what the results give, or when a template cannot be rendered from them,
-and it also checks the counts of runs and seeds that ``docs/`` quotes (``quoted_counts``).
+and it also checks the counts of runs and seeds that ``docs/`` quotes (``quoted_counts``) and
+that each study credits a commit that can have made its results (``credits``,
+``pipelines.commits.credit_problems``): an ancestor of HEAD, not later than its records, and a
+study record that links its training runs.
 """
 
 from __future__ import annotations
@@ -152,6 +155,24 @@ def quoted_counts(root: Path = ROOT) -> list[str]:
     return wrong
 
 
+def credits(root: Path = ROOT) -> list[str]:
+    """Why a study's credited commit cannot have made its results (``pipelines.commits``), one
+    line each, for the default study and every profile with results. Outside a git checkout
+    (a copy of the results) there is no history to ask: one line says so on stderr, and the
+    check passes on the rendering alone."""
+    from pipelines.commits import credit_problems, git
+
+    if git(root, "rev-parse", "--show-toplevel") != str(root.resolve()):
+        print(f"report --check: {root} is not the top of a git checkout: the credited commits are not checked",
+              file=sys.stderr)
+        return []
+    study, profiles = studies(root)
+    out = credit_problems(root, study, "params.yaml")
+    for prof in profiles:
+        out += credit_problems(root, prof, (prof.root / "params.yaml").relative_to(root).as_posix())
+    return out
+
+
 def first_difference(name: str, old: str, new: str) -> str:
     for n, (a, b) in enumerate(zip(old.splitlines(), new.splitlines()), 1):
         if a != b:
@@ -181,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"report --check: {first_difference(rel, old, text)}; run `python -m pipelines.report` "
                       "(or dvc repro) and commit", file=sys.stderr)
                 return 1
-        wrong = quoted_counts(root)
+        wrong = quoted_counts(root) + credits(root)
         if wrong:
             print("report --check: " + "; ".join(wrong), file=sys.stderr)
             return 1
-        print(f"report --check: {', '.join(rendered)} match the results")
+        print(f"report --check: {', '.join(rendered)} match the results, and each credits the commit that made them")
         return 0
     for rel, text in rendered.items():
         if not (root / rel).exists() or (root / rel).read_text() != text:
