@@ -8,8 +8,9 @@ The templates are ``docs/templates/results.md.j2`` (the report) and
 ``docs/templates/readme-<name>.md.j2``, one per README block, which sits between
 ``<!-- generated: <name> -->`` and ``<!-- end generated -->`` in ``README.md``.
 A template reads a study's results through ``pipelines.results.Study`` (``study`` is the
-default one at the project root, ``profiles`` those under ``profiles/<name>/``) and the
-papers' numbers through ``literature`` (``docs/literature.yaml``). This module renders;
+default one at the project root, ``profiles`` those under ``profiles/<name>/``), the
+papers' numbers through ``literature`` (``docs/literature.yaml``) and the measured times of
+the quick start and the tests through ``measured`` (``docs/measured``, ``pipelines.measure``). This module renders;
 every test, family and verdict it prints was computed by ``analysis`` (``stats``,
 ``papers``, ``findings``, ``scales``), and spelt by ``analysis.words``. A
 template that names a result that does not exist fails (Jinja's ``StrictUndefined``, and
@@ -106,7 +107,7 @@ def render(root: Path = ROOT) -> dict[str, str]:
     study, profiles = studies(root)
     literature = yaml.safe_load((root / LITERATURE).read_text())
     context = {"study": study, "profiles": profiles, "profile": {p.name: p for p in profiles}, "stamp": STAMP,
-               "literature": literature}
+               "literature": literature, "measured": measured(root)}
 
     def one(template: str) -> str:
         try:
@@ -123,6 +124,16 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
     out[README] = BLOCK.sub(block, readme)
     return out
+
+
+def measured(root: Path) -> dict[str, dict]:
+    """The records of ``python -m pipelines.measure`` (``docs/measured/<name>.json``), by name: the
+    times the README gives for the quick start and the tests."""
+    import json
+
+    from pipelines.measure import RECORDS
+
+    return {p.stem: json.loads(p.read_text()) for p in sorted((root / RECORDS).glob("*.json"))}
 
 
 def _runs(study: Study, table: str) -> tuple[int, int, int]:

@@ -16,8 +16,8 @@ from pipelines import report
 from .conftest import REPO
 
 #: what the report reads, relative to the project root
-INPUTS = ("params.yaml", "README.md", "docs/templates", "docs/literature.yaml", "docs/results.md", "results", "figures",
-          "profiles")
+INPUTS = ("params.yaml", "README.md", "docs/templates", "docs/literature.yaml", "docs/measured", "docs/results.md",
+          "results", "figures", "profiles")
 
 
 def _skipped(folder, names):
