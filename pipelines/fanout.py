@@ -70,9 +70,12 @@ def pipeline_file(spec: str, write: bool = True) -> Path:
             if write:
                 path.write_text(text)
                 print(f"wrote {path}")
-            else:
+            elif path.exists():
                 print(f"{path} is not the one dvc.yaml makes: the fan-out would write it first (planned here from "
                       "the one on disk)")
+            else:
+                raise ConfigError(f"{path} does not exist yet, and a dry run writes nothing: `python -m "
+                                  f"pipelines.profile {spec} --write` writes it, then a dry run plans it")
     if not path.is_file():
         raise ConfigError(f"no pipeline {spec!r}: give dvc.yaml, a profile ({', '.join(profile.profiles())}) or the "
                           "path of a dvc.yaml")
@@ -197,7 +200,8 @@ def dry_run(pipeline: Path) -> int:
     by_address = {s.addressing: s for s in stages}
     lines = status.collect([Path(pipeline).resolve()], Path.cwd().resolve())
     name = lambda line: line.stage if line.pipeline == "default" else f"{pipeline}:{line.stage}"  # noqa: E731
-    training = [line for line in lines if name(line) in by_address]
+    order = list(by_address)
+    training = sorted((line for line in lines if name(line) in by_address), key=lambda line: order.index(name(line)))
     first = [line for line in lines if line.stage in {u.rpartition(":")[2] for u in upstream}]
     fanned = [Fanned(by_address[name(line)]) for line in training]
     print(f"{pipeline}, a dry run: nothing is run or written")
