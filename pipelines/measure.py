@@ -8,10 +8,11 @@ renders, so that no time in the README is typed by hand.
 
 Each measurement clones HEAD into a folder beside the project (so that ``../shared/data`` is
 where it is for the project), runs the command there with this interpreter and the clone's own
-code (``PYTHONPATH=<clone>/src:<clone>``, one torch thread a process), writes its record to
+code (``PYTHONPATH=<clone>/src:<clone>``) and this environment's ``OMP_NUM_THREADS`` (unset, as
+in a new user's shell: torch's default, a thread per core; the record says which), writes its record to
 ``docs/measured/<name>.json`` and removes the clone. A record holds the command, its seconds,
 what it printed last (the tests' count, the run's val ppl), the commit, the day, the CPU
-(``posenc.machine``), the cores and the load average before and after (the machine may have
+(``posenc.machine``), the cores, ``OMP_NUM_THREADS`` and the load average before and after (the machine may have
 been shared: that is the number that says so). ``python -m pipelines.report --check`` fails
 when the README's blocks differ from what the records give; the default ``dvc repro``'s time
 comes from the study's own stage records (``results/times``), not from here.
@@ -77,7 +78,7 @@ def measure(name: str, root: Path = ROOT) -> dict:
     what, command = WHAT[name]
     command = command or ci_command(root)
     clone = fresh_clone(root)
-    env = dict(os.environ, PYTHONPATH=f"{clone / 'src'}{os.pathsep}{clone}", OMP_NUM_THREADS="1",
+    env = dict(os.environ, PYTHONPATH=f"{clone / 'src'}{os.pathsep}{clone}",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("POSENC_ROOT", None)
     try:
@@ -94,7 +95,8 @@ def measure(name: str, root: Path = ROOT) -> dict:
         shutil.rmtree(clone, ignore_errors=True)
     return {"what": what, "command": " ".join(command), "seconds": round(seconds, 1), "said": said, "commit": commit,
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": machine()["cpu"],
-            "cores": len(os.sched_getaffinity(0)), "load": [round(load[0], 2), round(os.getloadavg()[0], 2)],
+            "cores": len(os.sched_getaffinity(0)), "threads": env.get("OMP_NUM_THREADS"),
+            "load": [round(load[0], 2), round(os.getloadavg()[0], 2)],
             "source": f"python -m pipelines.measure {name}, on a fresh clone"}
 
 
