@@ -2,7 +2,7 @@
 
     python -m pipelines.fanout                      # the default study (dvc.yaml)
     python -m pipelines.fanout head64 --executor slurm
-    python -m pipelines.fanout --dry-run            # what would run, and how many jobs
+    python -m pipelines.fanout --dry-run            # what would run, a stage a line; writes nothing
     dvc repro                                       # then: the summaries alone
 
 ``dvc repro`` runs one stage at a time, and a study stage holds one scheme's runs: on a
@@ -16,6 +16,12 @@ them), and hands every job of every stale stage to one executor (``--executor``,
 for ``pipelines.study``): a job starts when a worker, a device or a job slot is free,
 whichever stage it belongs to, a stage's follow-ups (retrieval grids) ahead of the runs
 still waiting, so that stages end one after another (``pipelines.study.Queue``).
+
+``--dry-run`` runs nothing and writes nothing (not the profile's pipeline, not ``dvc.lock``, not
+a fingerprint): it asks ``dvc status`` and the fingerprints' plan (``pipelines.fingerprint.plan``,
+for a scheme added or edited, which ``dvc status`` sees only once the fingerprint stage has run)
+and prints a line for each stage it would run, as ``python -m pipelines.status`` explains them,
+and the stages ``dvc repro`` would run after it.
 
 Each stage is what its command in the pipeline says (its scheme, tasks, extensions,
 overrides, runs folder and results folder are read from it, so nothing can differ
@@ -52,16 +58,24 @@ STUDY = ["python", "-m", "pipelines.study"]
 TIMED = ["python", "-m", "pipelines.timed"]
 
 
-def pipeline_file(spec: str) -> Path:
+def pipeline_file(spec: str, write: bool = True) -> Path:
     """``dvc.yaml``, the path of a dvc.yaml, or a profile's name: its ``profiles/<name>/dvc.yaml``,
-    written first from the project's as ``python -m pipelines.profile <name>`` writes it."""
+    written first from the project's as ``python -m pipelines.profile <name>`` writes it (without
+    ``write``, said and left as it is)."""
     path = Path(spec)
     if path.name != "dvc.yaml" and spec in profile.profiles():
         path = Path("profiles") / spec / "dvc.yaml"
         text = profile.render(spec)
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            print(f"wrote {path}")
+            if write:
+                path.write_text(text)
+                print(f"wrote {path}")
+            elif path.exists():
+                print(f"{path} is not the one dvc.yaml makes: the fan-out would write it first (planned here from "
+                      "the one on disk)")
+            else:
+                raise ConfigError(f"{path} does not exist yet, and a dry run writes nothing: `python -m "
+                                  f"pipelines.profile {spec} --write` writes it, then a dry run plans it")
     if not path.is_file():
         raise ConfigError(f"no pipeline {spec!r}: give dvc.yaml, a profile ({', '.join(profile.profiles())}) or the "
                           "path of a dvc.yaml")
@@ -81,11 +95,9 @@ def dvc(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dvc", *args], capture_output=True, text=True, check=False)
 
 
-def stale_studies(pipeline: Path) -> list:
-    """The pipeline's study stages that ``dvc status`` lists, after the stages upstream of them
-    (``prepare``, ``fingerprint``) were brought up to date."""
-    import json
-
+def study_stages(pipeline: Path) -> tuple[list, list[str]]:
+    """The pipeline's study stages, and the addresses of the stages upstream of them
+    (``prepare``, ``fingerprint``)."""
     import networkx as nx
     from dvc.repo import Repo
 
@@ -93,6 +105,15 @@ def stale_studies(pipeline: Path) -> list:
         stages = [s for s in repo.stage.collect(str(pipeline)) if " ".join(STUDY) in (s.cmd or "")]
         upstream = sorted({u.addressing for s in stages for u in nx.descendants(repo.index.graph, s)} -
                           {s.addressing for s in stages})
+    return stages, upstream
+
+
+def stale_studies(pipeline: Path) -> list:
+    """The pipeline's study stages that ``dvc status`` lists, after the stages upstream of them
+    (``prepare``, ``fingerprint``) were brought up to date."""
+    import json
+
+    stages, upstream = study_stages(pipeline)
     if upstream:
         out = dvc("repro", *upstream)
         if out.returncode != 0:
@@ -170,23 +191,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def dry_run(pipeline: Path) -> int:
+    """What the fan-out would run, and ``dvc repro`` after it, a stage a line; runs and writes
+    nothing (``pipelines.status`` explains each stage)."""
+    from pipelines import status
+
+    stages, upstream = study_stages(pipeline)
+    by_address = {s.addressing: s for s in stages}
+    lines = status.collect([Path(pipeline).resolve()], Path.cwd().resolve())
+    name = lambda line: line.stage if line.pipeline == "default" else f"{pipeline}:{line.stage}"  # noqa: E731
+    order = list(by_address)
+    training = sorted((line for line in lines if name(line) in by_address), key=lambda line: order.index(name(line)))
+    first = [line for line in lines if line.stage in {u.rpartition(":")[2] for u in upstream}]
+    fanned = [Fanned(by_address[name(line)]) for line in training]
+    print(f"{pipeline}, a dry run: nothing is run or written")
+    for line in first:
+        print(f"{line}  [the fan-out runs it first]")
+    for line, f in zip(training, fanned):
+        print(f"{line}  [{len(f.jobs)} runs]")
+    report(pipeline, fanned)
+    after = [line.stage for line in lines if line not in training and line not in first]
+    if after:
+        print(f"then `dvc repro {pipeline}` runs {len(after)} stage(s): {', '.join(after)}")
+    return 0
+
+
+def report(pipeline: Path, fanned: list[Fanned]) -> None:
+    """The stale study stages in one line: how many, and their runs."""
+    if not fanned:
+        print(f"{pipeline}: no study stage is stale: nothing to train")
+        return
+    jobs = sum(len(f.jobs) for f in fanned)
+    print(f"{pipeline}: {len(fanned)} stale study stage(s), {jobs} runs: "
+          + ", ".join(f"{f.address} ({len(f.jobs)})" for f in fanned), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
-        pipeline = pipeline_file(a.pipeline)
+        pipeline = pipeline_file(a.pipeline, write=not a.dry_run)
         setting = executors.settings(a.executor)
+        if a.dry_run:
+            return dry_run(pipeline)
         fanned = [Fanned(s) for s in stale_studies(pipeline)]
     except ConfigError as e:
         print(f"fan-out refused, nothing was run: {e}", file=sys.stderr)
         return 2
+    report(pipeline, fanned)
     if not fanned:
-        print(f"{pipeline}: no study stage is stale; `dvc repro {pipeline}` runs what else is")
+        print(f"`dvc repro {pipeline}` runs the other stale stages, if any (python -m pipelines.status lists them)")
         return 0
     jobs = sum(len(f.jobs) for f in fanned)
-    print(f"{pipeline}: {len(fanned)} stale study stage(s), {jobs} runs: "
-          + ", ".join(f"{f.address} ({len(f.jobs)})" for f in fanned), flush=True)
-    if a.dry_run:
-        return 0
     threads = max(f.a.threads for f in fanned)
     workers = a.workers or max(f.a.workers for f in fanned)
     try:

@@ -57,30 +57,60 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         print("\n".join(f"error: {m}" for m in refused), file=sys.stderr)
         return 2
+    try:
+        planned = plan(schemes, out)
+    except SchemeError as e:
+        print(f"error: scheme {e.scheme} of {a.params}: {e.__cause__}", file=sys.stderr)
+        return 2
     changed = 0
+    for name, (what, doc) in planned.items():
+        path = out / f"{name}.json"
+        if what == "unchanged":
+            print(f"{name}: unchanged")
+            continue
+        changed += 1
+        if doc is None:
+            print(f"{name}: no longer in {a.params}" + ("" if a.check else f", {path} removed"))
+            if not a.check:
+                path.unlink()
+            continue
+        print(f"{name}: {what}" + ("" if a.check else f" -> {path}"))
+        if not a.check:
+            write_text(path, render(doc))
+    return 1 if a.check and changed else 0
+
+
+class SchemeError(Exception):
+    """A scheme whose fingerprint cannot be computed (its config or class cannot be found or read)."""
+
+    def __init__(self, scheme: str):
+        super().__init__(f"scheme {scheme}: no fingerprint")
+        self.scheme = scheme
+
+
+def plan(schemes: list[str], out: Path) -> dict[str, tuple[str, dict | None]]:
+    """What the stage would do with each scheme's fingerprint file under ``out``, reading only:
+    {scheme: ("unchanged" | "new" | "changed: <parts>", its fingerprint)}, and for each file of a
+    scheme no longer in the study ("no longer in the study", None). ``python -m pipelines.fanout
+    --dry-run`` and ``python -m pipelines.status`` ask it which study stages a new or edited
+    scheme makes stale, since ``dvc status`` cannot see that before this stage has run."""
+    planned: dict[str, tuple[str, dict | None]] = {}
     for name in schemes:
         try:
             doc = scheme_fingerprint(name)
         except (FileNotFoundError, ValueError, ImportError, AttributeError) as e:
-            print(f"error: scheme {name} of {a.params}: {e}", file=sys.stderr)
-            return 2
+            raise SchemeError(name) from e
         path = out / f"{name}.json"
         old = json.loads(path.read_text()) if path.is_file() else None
         if old is not None and old.get("digest") == doc["digest"] and path.read_text() == render(doc):
-            print(f"{name}: unchanged")
-            continue
-        changed += 1
-        what = "new" if old is None else "changed: " + ", ".join(changed_parts(old, doc) or ["file layout"])
-        print(f"{name}: {what}" + ("" if a.check else f" -> {path}"))
-        if not a.check:
-            write_text(path, render(doc))
+            planned[name] = ("unchanged", doc)
+        else:
+            planned[name] = ("new" if old is None else "changed: " + ", ".join(changed_parts(old, doc) or ["file layout"]),
+                             doc)
     for stale in sorted(out.glob("*.json")) if out.is_dir() else []:
         if stale.stem not in schemes:
-            changed += 1
-            print(f"{stale.stem}: no longer in {a.params}" + ("" if a.check else f", {stale} removed"))
-            if not a.check:
-                stale.unlink()
-    return 1 if a.check and changed else 0
+            planned[stale.stem] = ("no longer in the study", None)
+    return planned
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ STAGES: list[Stage] = [
                 "src/posenc/__init__.py", "src/posenc/attention", "src/posenc/compiling.py", "src/posenc/callbacks.py", "src/posenc/data.py",
                 "src/posenc/encodings/base.py", "src/posenc/errors.py", "src/posenc/evaluate.py", "src/posenc/files.py",
                 "src/posenc/machine.py", "src/posenc/model.py", "src/posenc/module.py", "src/posenc/ranges.py",
-                "src/posenc/retrieval.py", "src/posenc/targets.py", "src/posenc/tasks.py", "src/posenc/taskbase.py",
+                "src/posenc/resume.py", "src/posenc/retrieval.py", "src/posenc/targets.py", "src/posenc/tasks.py", "src/posenc/taskbase.py",
                 "src/posenc/runs.py", "src/posenc/tracking.py", "src/posenc/train.py", "src/posenc/config.py",
                 "pipelines/__init__.py", "pipelines/study.py", "conf/train.yaml", "conf/data", "conf/hydra",
                 "conf/logger", "conf/model", "conf/paths", "conf/task", "conf/trainer"],
@@ -78,7 +78,9 @@ STAGES: list[Stage] = [
                   "schemes.${key}"],
           outs=[Out("results/runs/${key}.json", report=True)],
           about="""the deps after the two per-scheme ones are the shared core, the one list of it
-(posenc.fingerprint.study_core reads it; not the executor, which cannot change a result).
+(posenc.fingerprint.study_core reads it; not the executor, which cannot change a result, nor
+pipelines/commits.py, which records beside the results the commit that made them, nor what only
+words or carries the console: posenc.spelling, posenc.streams).
 persist: DVC leaves the outputs in place until the study replaces them all at its end, so a
 refused, failed or interrupted stage leaves the committed results as they were; besides its
 runs file, they are the files each task of params.yaml writes (posenc.tasks.Task.outputs)"""),
@@ -224,21 +226,23 @@ not declared (a project without the profile has none): its repro runs this stage
                 "src/posenc/native.py", "conf"],
           params=["bench.args"], outs=[Out("figures/bench", publish=True, name="bench", part="bench.json")]),
     Stage("publish",
-          "python -m pipelines.publish --params params.yaml --runs runs --out results/mlflow_study.json "
-          "--experiment posenc-study",
-          deps=["params.yaml", "runs", "pipelines/publish.py", "src/posenc/tracking.py", "src/posenc/evaluate.py",
+          "python -m pipelines.publish --params params.yaml --runs runs --records results/runs "
+          "--out results/mlflow_study.json --experiment posenc-study",
+          deps=["params.yaml", "results/runs", "pipelines/publish.py", "src/posenc/tracking.py", "src/posenc/evaluate.py",
                 "src/posenc/files.py"],
-          outs=[Out("results/mlflow_study.json", name="mlflow")], gathers="publish",
+          outs=[Out("results/mlflow_study.json", name="mlflow", persist=True)], gathers="publish",
           about="""The study in MLflow (pipelines/publish.py): one run `study-<params.yaml hash>` in
 the experiment `posenc-study` (where the study's training runs are too) holds every output
 declared published (pipelines/pipeline.py) as artifacts (the list is the command line: a
 missing one fails the stage), and every training run under runs/ gets the tag study_run_id
-pointing at it. A run with the same params.yaml and commit is reused. mlflow.db is no DVC
+pointing at it. A run with the same params.yaml and commit is reused. It depends on the study
+stages' records (results/runs), not on runs/, which is not committed: a clone without the runs
+keeps the committed record (persist; pipelines/publish.py says why). mlflow.db is no DVC
 output: into a fresh store, `dvc repro --force --single-item publish`."""),
     Stage("report", "python -m pipelines.report", timed=False, gathers="report",
           deps=["pipelines/report.py", "pipelines/results.py", "pipelines/pipeline.py", "pipelines/stages.py",
                 "pipelines/timed.py", "analysis/words.py", "analysis/stats.py", "docs/templates",
-                "docs/literature.yaml", "params.yaml"],
+                "docs/literature.yaml", "docs/measured", "pipelines/measure.py", "params.yaml"],
           outs=[Out("docs/results.md"), Out("docs/profiles")],
           about="""the results report (docs/results.md, a page per profile in docs/profiles/) and the README's
 generated blocks, from the results files above that the report reads (and each profile's,

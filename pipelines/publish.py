@@ -7,7 +7,7 @@ run of the study links to it.
 The run is named ``study-<first 8 hex digits of sha256(params.yaml)>`` in the
 experiment ``--experiment`` (the DVC stage: ``posenc-study``, where the study's training
 runs are too) of the project's store (the one training logs to:
-``$MLFLOW_TRACKING_URI`` or ``sqlite:///<POSENC_ROOT or .>/mlflow.db``, artifacts
+``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project root>/mlflow.db``, artifacts
 in ``mlartifacts/`` beside it). Its tags: ``kind=study``, ``params_sha256``, the
 git commit and dirty flag of the checkout, and a description
 (``mlflow.note.content``). Its params: params.yaml flattened. Its artifacts: every
@@ -27,6 +27,23 @@ Training runs missing from the store (a ``runs/`` folder restored without its
 Writes ``--out`` (run id, experiment id, run name, tracking URI relative to the
 project root, counts) and prints how to open the run. A listed path that does
 not exist is an error: the stage lists exactly what it publishes.
+
+The study run is made where the study's runs are. The trained runs (``runs/``) and the
+store are not committed, so a clone has neither; what it has is the committed record
+(``--out``) of the study run made where they were. Two rules keep a clone from rewriting it:
+
+* The stage depends on the study stages' records (``results/runs/<scheme>.json``, committed:
+  each names its runs and changes whenever they are trained again), not on the run folders.
+  A dependency on ``runs/`` made every clone's ``dvc status`` list this stage (the folder
+  missing) and its ``dvc repro`` re-run it and the report, crediting the clone's HEAD and
+  linking no run, and rewrite ``dvc.lock``. Refusing to overwrite the record, the other way
+  out, would still have run the stage and rewritten ``dvc.lock`` on every clone; with the
+  records as the dependency, a clone's ``dvc repro`` runs nothing.
+* When the stage does run without the runs (``--records`` names a run whose folder has no
+  ``run.json`` here: a clone where a scheme was added, or ``dvc repro --force``), it says how
+  many of the study's runs it cannot see, keeps the record it found (the output is
+  ``persist``, so DVC leaves it in place) and makes no MLflow run; with no record to keep, it
+  fails.
 """
 
 from __future__ import annotations
@@ -100,6 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("paths", nargs="+", help="files and folders to log as artifacts of the study run")
     p.add_argument("--params", default="params.yaml", help="the study's settings (hashed for the run name)")
     p.add_argument("--runs", default="runs", help="training run folders: <runs>/<scheme>/<task>-s<seed>/run.json")
+    p.add_argument("--records", default="results/runs",
+                   help="the study stages' records (<records>/<scheme>.json): the runs the study is made of")
     p.add_argument("--out", required=True, help="JSON file: run id, experiment id, run name, store")
     p.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///<project root>/mlflow.db")
     p.add_argument("--experiment", default=EXPERIMENT)
@@ -117,16 +136,51 @@ def code_changed(root: Path) -> list[str]:
     return r.stdout.split() if r.returncode == 0 else []
 
 
+def listed(a: argparse.Namespace) -> list[Path]:
+    """The paths to publish, each there: the stage lists exactly what it publishes."""
+    paths = [Path(x) for x in a.paths]
+    absent = [str(x) for x in [Path(a.params), *paths] if not x.exists()]
+    if absent:
+        raise SystemExit(f"publish: missing {', '.join(absent)} (build it first: dvc repro)")
+    return paths
+
+
+def unseen_runs(records: Path) -> tuple[list[str], int]:
+    """(the run folders the study stages' records name that hold no run record here, how many
+    they name in all)."""
+    import json
+
+    from posenc.runs import RunFolder
+
+    named = [r["run_dir"] for f in sorted(records.glob("*.json")) for r in json.loads(f.read_text()).get("runs", [])]
+    return [d for d in named if not RunFolder(d).run_json.is_file()], len(named)
+
+
+def keep_record(out: Path, unseen: list[str], named: int) -> int:
+    """The study's runs are not all here (a clone): keep the record of the study run made where
+    they were, and say so; without one, fail."""
+    what = f"{len(unseen)} of the {named} training runs the study's records name are not here ({unseen[0]}, ...)"
+    if not out.is_file():
+        raise SystemExit(f"publish: {what}, and there is no {out} to keep: publish where the study was trained")
+    import json
+
+    kept = json.loads(out.read_text())
+    print(f"publish: {what}: the trained runs are not committed, so a clone has none. Kept {out} (study run "
+          f"{kept.get('run_name')} of commit {str(kept.get('git_commit'))[:10]}, {kept.get('linked_runs')} runs "
+          "linked, in the store where they were trained); no MLflow run was made")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     a = parse_args(argv)
     from posenc.files import project_root
 
     root = project_root()
-    paths = [Path(x) for x in a.paths]
-    absent = [str(x) for x in [Path(a.params), *paths] if not x.exists()]
-    if absent:
-        raise SystemExit(f"publish: missing {', '.join(absent)} (build it first: dvc repro)")
+    paths = listed(a)
+    unseen, named = unseen_runs(Path(a.records))
+    if unseen:
+        return keep_record(Path(a.out), unseen, named)
     runs_dir = Path(a.runs)
     if not runs_dir.is_dir():
         raise SystemExit(f"publish: no run folder {runs_dir} (build it first: dvc repro)")

@@ -9,18 +9,23 @@ The templates are ``docs/templates/results.md.j2`` (the report), ``profile.md.j2
 profile's page) and ``docs/templates/readme-<name>.md.j2``, one per README block, which sits between
 ``<!-- generated: <name> -->`` and ``<!-- end generated -->`` in ``README.md``.
 A template reads a study's results through ``pipelines.results.Study`` (``study`` is the
-default one at the project root, ``profiles`` those under ``profiles/<name>/``) and the
-papers' numbers through ``literature`` (``docs/literature.yaml``). This module only renders:
-every statistic it prints (tests, families, verdicts, τ and its interval, the papers' verdicts,
-the fairness findings, the chronology) was computed once by the summary stage that owns it and
-written to its results file (``tables``, ``retrieval``, ``papers``, ``findings``, ``scales``,
-``chronology``), and every verdict id is said by ``analysis.words``. A
+default one at the project root, ``profiles`` those under ``profiles/<name>/``), the
+papers' numbers through ``literature`` (``docs/literature.yaml``) and the measured times of
+the quick start and the tests through ``measured`` (``docs/measured``, ``pipelines.measure``).
+This module only renders: every statistic it prints (tests, families, verdicts, τ and its
+interval, the papers' verdicts, the fairness findings, the chronology) was computed once by the
+summary stage that owns it and written to its results file (``tables``, ``retrieval``,
+``papers``, ``findings``, ``scales``, ``chronology``), and every verdict id is said by
+``analysis.words``. A
 template that names a result that does not exist fails (Jinja's ``StrictUndefined``, and
 ``Study`` refuses a missing file, naming it), in the stage and in ``--check``.
 
 ``--check`` is what CI runs on the committed results: it fails when a committed generated
 file differs from what the results give, or when a template cannot be rendered from them,
-and it also checks the counts of runs and seeds that ``docs/`` quotes (``quoted_counts``).
+and it also checks the counts of runs and seeds that ``docs/`` quotes (``quoted_counts``) and
+that each study credits a commit that can have made its results (``credits``,
+``pipelines.commits.credit_problems``): an ancestor of HEAD, not later than its records, and a
+study record that links its training runs.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def render(root: Path = ROOT) -> dict[str, str]:
     study, profiles = studies(root)
     literature = read_yaml((root / LITERATURE).read_text())
     context = {"study": study, "profiles": profiles, "profile": {p.name: p for p in profiles}, "stamp": STAMP,
-               "literature": literature}
+               "literature": literature, "measured": measured(root)}
 
     def one(template: str, **more) -> str:
         try:
@@ -99,6 +104,16 @@ def render(root: Path = ROOT) -> dict[str, str]:
 
     out[README] = BLOCK.sub(block, readme)
     return out
+
+
+def measured(root: Path) -> dict[str, dict]:
+    """The records of ``python -m pipelines.measure`` (``docs/measured/<name>.json``), by name: the
+    times the README gives for the quick start and the tests."""
+    import json
+
+    from pipelines.measure import RECORDS
+
+    return {p.stem: json.loads(p.read_text()) for p in sorted((root / RECORDS).glob("*.json"))}
 
 
 def _runs(study: Study, table: str) -> tuple[int, int, int]:
@@ -129,6 +144,24 @@ def quoted_counts(root: Path = ROOT) -> list[str]:
             if got != want:
                 wrong.append(f"{rel}: {m.group(0)!r} quotes {got}, params.yaml gives {want}")
     return wrong
+
+
+def credits(root: Path = ROOT) -> list[str]:
+    """Why a study's credited commit cannot have made its results (``pipelines.commits``), one
+    line each, for the default study and every profile with results. Outside a git checkout
+    (a copy of the results) there is no history to ask: one line says so on stderr, and the
+    check passes on the rendering alone."""
+    from pipelines.commits import credit_problems, git
+
+    if git(root, "rev-parse", "--show-toplevel") != str(root.resolve()):
+        print(f"report --check: {root} is not the top of a git checkout: the credited commits are not checked",
+              file=sys.stderr)
+        return []
+    study, profiles = studies(root)
+    out = credit_problems(root, study, "params.yaml")
+    for prof in profiles:
+        out += credit_problems(root, prof, (prof.root / "params.yaml").relative_to(root).as_posix())
+    return out
 
 
 def first_difference(name: str, old: str, new: str) -> str:
@@ -166,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"report --check: {first_difference(rel, old, text)}; run `python -m pipelines.report` "
                       "(or dvc repro) and commit", file=sys.stderr)
                 return 1
-        wrong = quoted_counts(root)
+        wrong = quoted_counts(root) + credits(root)
         if wrong:
             print("report --check: " + "; ".join(wrong), file=sys.stderr)
             return 1
-        print(f"report --check: {', '.join(rendered)} match the results")
+        print(f"report --check: {', '.join(rendered)} match the results, and each credits the commit that made them")
         return 0
     (root / PROFILES).mkdir(parents=True, exist_ok=True)  # the stage's output, empty in a study without profiles
     for rel, text in rendered.items():

@@ -37,6 +37,47 @@ def read_yaml(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+class Credit:
+    """The commits credited with a study's results: ``commits`` ({commit: the schemes it made}),
+    each the one the scheme's study stage recorded (``results/runs/<scheme>.json``, ``git.commit``:
+    ``pipelines.commits.made_at``), or, for a record older than that field, the one the
+    ``publish`` stage recorded (``results/mlflow_study.json``); ``changed``, the files of the study's
+    code those stages found changed and not committed; ``shown`` and ``source``, their words."""
+
+    def __init__(self, runs: dict[str, dict], published: dict | None):
+        self.commits: dict[str, list[str]] = {}
+        self._by_stage, legacy = set(), []
+        changed: set[str] = set()
+        for scheme, record in runs.items():
+            made = record.get("git") or {}
+            if made.get("commit"):
+                self.commits.setdefault(made["commit"], []).append(scheme)
+                self._by_stage.add(made["commit"])
+                changed.update(made.get("changed") or [])
+            else:
+                legacy.append(scheme)
+        if legacy:
+            if published is None:
+                raise ReportError(f"{', '.join(legacy)}: their records name no commit, and no publish record does")
+            self.commits.setdefault(published["git_commit"], []).extend(legacy)
+            changed.update(published.get("code_changed") or [])
+        self.changed = sorted(changed)
+        stages, publish = "the study stages, `results/runs/<scheme>.json`", "the `publish` stage, `results/mlflow_study.json`"
+        self.source = "recorded by " + (publish if not self._by_stage else stages if not legacy else
+                                        f"{stages}, and for the schemes whose records predate it by {publish}")
+
+    def recorded(self, commit: str) -> bool:
+        """Whether a study stage recorded ``commit`` (not the publish stage)."""
+        return commit in self._by_stage
+
+    @property
+    def shown(self) -> str:
+        """```a32a7670a1```, or each commit with the schemes it made when there are several."""
+        if len(self.commits) == 1:
+            return f"`{next(iter(self.commits))[:10]}`"
+        return ", ".join(f"`{c[:10]}` ({', '.join(s)})" for c, s in self.commits.items())
+
+
 class ReportError(Exception):
     """A result a template needs is missing, or a generated file is out of date."""
 
@@ -125,6 +166,13 @@ class Study:
             if m and m not in seen:
                 seen.append(m)
         return seen
+
+    @functools.cached_property
+    def credit(self) -> Credit:
+        """The commits credited with the results (``Credit``): what the study stages recorded."""
+        if all((r.get("git") or {}).get("commit") for r in self.runs.values()):
+            return Credit(self.runs, None)
+        return Credit(self.runs, self.mlflow)
 
     @functools.cached_property
     def code(self) -> list[str]:

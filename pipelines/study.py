@@ -37,7 +37,9 @@ the committed results must not depend on them being present). The stage writes, 
 ``--results-dir``, each task's rows (``<results>/<scheme>.csv``; a header alone for a task of
 the params file that the scheme does not take, since DVC expects every output) and, last,
 ``runs/<scheme>.json``: per run the kept metrics and the seconds spent training and
-evaluating, and for the stage its start-up and wall time. It also records the machine
+evaluating, and for the stage its start-up and wall time. It also records the commit whose
+code made the runs (``git``: ``pipelines.commits.made_at``, asked at the project root, where the
+stage runs; the report credits it), the machine
 (``posenc.machine``: the CPU and which matrix-multiply kernels it ran) and what the runs were
 made with (``provenance``): the digests of the shared code (``posenc.fingerprint.study_core``:
 the study stage's deps in dvc.yaml), of the scheme (its fingerprint) and of the study's
@@ -421,6 +423,7 @@ def write(a: argparse.Namespace, done: list[dict], record: dict, t0: float = T0)
     study this scheme does not take), then the runs file, last, with the provenance and times
     (from ``t0``: this process's start, or when the stage's first job was submitted in a
     fan-out, ``Queue.begun``)."""
+    from pipelines.commits import made_at
     from posenc.files import portable_path, write_json
     from posenc.machine import machine
 
@@ -439,8 +442,8 @@ def write(a: argparse.Namespace, done: list[dict], record: dict, t0: float = T0)
               "train_s": round(sum(r["train_s"] for r in done), 2), "eval_s": round(sum(r["eval_s"] for r in done), 2),
               "wall_s": round(time.time() - t0, 2)}  # fmt: skip
     write_json(Path(a.results_dir) / "runs" / f"{a.scheme}.json",
-               {"scheme": a.scheme, "provenance": provenance(a, done), "machine": machine(), "timing": timing,
-                "runs": done})
+               {"scheme": a.scheme, "provenance": provenance(a, done), "git": made_at(Path.cwd(), a.params),
+                "machine": machine(), "timing": timing, "runs": done})
     print(f"{a.scheme}: {len(done)} runs in {timing['wall_s']:.0f} s (start-up {timing['startup_s']:.0f} s)")
 
 

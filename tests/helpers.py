@@ -33,6 +33,34 @@ class SignalAt(L.Callback):
         os.kill(os.getpid(), self.signum)
 
 
+class SignalWhenReaderGone(L.Callback):
+    """Send SIGINT to this process after optimizer step ``step``, once its standard output has
+    no reader (``python train.py | head -c 100``: ``head`` has read its bytes and exited): the
+    descriptor is a pipe that ``poll`` reports an error on, or already pointed at /dev/null by
+    ``posenc.streams``. Waits for that (60 s at most), so the interrupt always finds the pipe
+    closed, whatever the order the two processes were scheduled in."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import select
+        import stat
+        import time
+
+        if trainer.global_step != self.step:
+            return
+        for _ in range(600):
+            if not stat.S_ISFIFO(os.fstat(1).st_mode):
+                break
+            poller = select.poll()
+            poller.register(1, 0)
+            if any(events & select.POLLERR for _, events in poller.poll(0)):
+                break
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def preempted_each_time() -> None:
     """A job's call that its cluster preempts at once, each time it starts (submitit's signal)."""
     import time

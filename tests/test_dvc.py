@@ -1,7 +1,8 @@
 """`dvc repro` on a reduced study: every figure and result is built, a second repro
-with nothing changed runs nothing, and on a fresh clone a scheme added as the README
-says (one class, one YAML, one line in params.yaml) is trained and put into every
-table and figure with nothing else retrained and no other scheme's output touched."""
+with nothing changed runs nothing, a fresh clone (without the trained runs) runs nothing
+and keeps its provenance, and on that clone a scheme added as the README says (one class,
+one YAML, one line in params.yaml) is previewed without a file written, then trained and put
+into every table and figure with nothing else retrained and no other scheme's output touched."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def _copy_project(dst: Path, results: bool = False) -> None:
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, dst / f)
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
+    _git(dst, "add", "-A")
+    _git(dst, "commit", "-qm", "the project")  # a study stage records the commit its code is at
 
 
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -285,12 +288,52 @@ def _git(cwd: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file of a checkout but git's own and DVC's scratch (``.dvc/tmp``), by path."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts
+            and not p.relative_to(root).as_posix().startswith(".dvc/tmp/")}
+
+
+def _python(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m <args>`` in a copy of the project, with its own package (as ``_dvc``)."""
+    env = dict(os.environ, PYTHONPATH=str(cwd / "src"), OMP_NUM_THREADS="1",
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    env.pop("POSENC_ROOT", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def _check_a_fresh_clone_keeps_its_provenance(clone: Path) -> None:
+    """A fresh clone has the committed results but not the trained runs (``runs/`` is not
+    committed) nor the store: ``dvc status`` lists nothing, ``dvc repro`` runs nothing, and
+    README.md, docs/results.md and results/mlflow_study.json are as committed, byte for byte
+    (the whole checkout is); ``report --check`` passes there, crediting the commit the study
+    stages recorded."""
+    assert not (clone / "runs").exists() or not any((clone / "runs").rglob("run.json"))
+    before = _tree(clone)
+    status = _dvc(clone, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout or "{}") == {}, status.stdout + status.stderr[-2000:]
+    repro = _dvc(clone, "repro")
+    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    assert "Running stage" not in repro.stdout, repro.stdout
+    after = _tree(clone)
+    for f in ("README.md", "docs/results.md", "results/mlflow_study.json", "dvc.lock"):
+        assert after[f] == before[f], f
+    assert after == before
+    check = _python(clone, "pipelines.report", "--check")
+    assert check.returncode == 0, check.stderr[-2000:]
+
+
 def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     """On a fresh clone of the committed study (no runs/, no token cache), the README's
-    route trains the new scheme only and leaves every other scheme's output as it was."""
+    route is previewed without a file written (the fan-out's dry run and the status command,
+    each exit 0), then trains the new scheme only and leaves every other scheme's output as it
+    was."""
     _git(study, "add", "-A")
     _git(study, "commit", "-qm", "reduced study")
     _git(study, "clone", "-q", str(study), str(clone))
+    _check_a_fresh_clone_keeps_its_provenance(clone)
     before = {p.relative_to(clone).as_posix(): p.read_bytes() for p in clone.rglob("*")
               if p.is_file() and ".git" not in p.parts}
     for rel, text in NEW_SCHEME.items():
@@ -298,6 +341,19 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["schemes"]["penalty"] = {"tasks": "lm mlm retrieval", "overrides": "", "extensions": ""}
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    added = _tree(clone)
+    dry = _python(clone, "pipelines.fanout", "--dry-run")
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    runs = 2 + 2 + 1  # penalty's causal-LM and masked-LM seeds and its retrieval run
+    assert f"dvc.yaml: 1 stale study stage(s), {runs} runs: study@penalty ({runs})" in dry.stdout, dry.stdout
+    assert any(line.lstrip().startswith("study@penalty") and "new: no entry in dvc.lock yet" in line
+               for line in dry.stdout.splitlines()), dry.stdout
+    explained = _python(clone, "pipelines.status", "dvc.yaml")
+    assert explained.returncode == 0, explained.stderr[-3000:]
+    lines = [line.split()[0] for line in explained.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(lines) == sorted(ROUTE_STAGES), explained.stdout
+    assert _tree(clone) == added  # neither wrote a file
 
     status = _dvc(clone, "status")
     listed = {line[:-1] for line in status.stdout.splitlines() if line and not line[0].isspace()}
@@ -377,6 +433,10 @@ def test_rewording_a_verdict_reruns_the_report_alone(tmp_path):
     verdict's phrase in ``analysis/words.py`` lists the report in ``dvc status`` and no other
     stage that was not listed before (no table stage, no summary)."""
     _copy_project(tmp_path, results=True)
+    # the report's record made current in the copy, so that its listing below is the edit's
+    # alone (test_the_committed_lock_is_what_the_committed_code_and_params_make checks the lock)
+    committed = _dvc(tmp_path, "commit", "--force", "report")
+    assert committed.returncode == 0, committed.stderr[-2000:]
     before = _stages_listed(tmp_path)
     words = tmp_path / "analysis/words.py"
     text = words.read_text()

@@ -196,3 +196,49 @@ def test_a_missing_scheme_is_reported_and_left_out(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no runs for scheme b" in err and "x.json belongs to no scheme of the study" in err
     assert per_scheme([a, extra], None, "runs") == {"a": a, "x": extra}
+
+
+def _imported(path: Path, seen: set[str]) -> None:
+    """The files of ``src/posenc`` and ``pipelines`` that ``path`` imports, whatever the depth,
+    added to ``seen`` (read from the source: ``import``/``from`` lines, absolute or relative)."""
+    import ast
+
+    rel = path.relative_to(REPO).as_posix()
+    if rel in seen:
+        return
+    seen.add(rel)
+    package = path.parent
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.parent
+            stem = (node.module or "").replace(".", "/")
+            root = base if node.level else REPO / ("src" if (node.module or "").startswith("posenc") else "")
+            names = [root / stem] + [root / stem / a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [REPO / ("src" if a.name.startswith("posenc") else "") / a.name.replace(".", "/")
+                     for a in node.names]
+        for n in names:
+            for candidate in (n.with_suffix(".py"), n / "__init__.py"):
+                if candidate.is_file() and candidate.is_relative_to(REPO):
+                    _imported(candidate, seen)
+
+
+def test_the_shared_core_holds_every_module_a_study_run_imports():
+    """A module the study's training imports (``pipelines/study.py`` and ``posenc.train``, at
+    any depth) is in the shared core, or in a folder of it: a change to it re-runs every study
+    stage. Left out, as the core's docstring says: a scheme's own code (its fingerprint), the
+    executor and the commit record, which cannot change a result."""
+    from posenc.fingerprint import study_core
+
+    seen: set[str] = set()
+    for start in ("pipelines/study.py", "src/posenc/train.py"):
+        _imported(REPO / start, seen)
+    core = study_core()
+    own = ("src/posenc/encodings/", "src/posenc/native.py", "src/posenc/fingerprint.py")
+    allowed = {"pipelines/executors.py", "pipelines/commits.py", "src/posenc/spelling.py", "src/posenc/streams.py"}
+    missing = sorted(f for f in seen if not f.startswith(own) and f not in allowed
+                     and not any(f == c or f.startswith(c.rstrip("/") + "/") for c in core))
+    assert missing == []

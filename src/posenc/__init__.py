@@ -15,6 +15,16 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 OmegaConf.register_new_resolver("abspath", lambda p: str(Path(p).expanduser().resolve()), replace=True)
 
 
+def _project_root() -> str:
+    from .files import project_root
+
+    return str(project_root())
+
+
+# ${posenc_root:} in configs (paths.root): POSENC_ROOT, else the project's root (posenc.files.project_root)
+OmegaConf.register_new_resolver("posenc_root", _project_root, replace=True)
+
+
 def _absolute_env_path(name: str) -> None:
     """Make a path given in the environment absolute, once, when posenc is imported:
     ``POSENC_DATA_DIR=../shared/data`` then means the same folder to every later

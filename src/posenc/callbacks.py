@@ -1,16 +1,19 @@
 """Callbacks: the run's record in its checkpoints, a recoverable run, validation at its end,
-a step progress bar."""
+a step progress bar; and for a sweep, Hydra's callback that ends it with MLflow's compare link."""
 
 from __future__ import annotations
 
 import logging
 import signal
+import warnings
 from pathlib import Path
 
 import lightning as L
+from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from . import tracking
 from .runs import RECORD, RunFolder
 
 log = logging.getLogger(__name__)
@@ -131,13 +134,39 @@ class StepProgressBar(TQDMProgressBar):
             bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
+class CompareSweep(HydraCallback):
+    """Hydra callback: the last line of a sweep (``-m``) is the link to MLflow's compare view of
+    its runs (``compare_url``), from the ``run.json`` of each run under the sweep's folder."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        infos = [run.info() for run in RunFolder.under(config.hydra.sweep.dir)]
+        runs = [i["mlflow_run_id"] for i in infos if i.get("mlflow_run_id")]
+        if not runs:
+            return
+        experiments = sorted({str(i["mlflow_experiment_id"]) for i in infos if i.get("mlflow_experiment_id")})
+        print(f"sweep: {len(runs)} runs in {config.hydra.sweep.dir}; compare them in MLflow: "
+              f"{tracking.compare_url(runs, experiments)}", flush=True)
+
+
 class _DropTips(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "litlogger" not in record.getMessage()
 
 
-def quiet_lightning_tips() -> None:
-    """Drop Lightning's advertisement for its cloud logger (printed on every run)."""
+#: third-party warnings every run would print that say nothing about the run, each by the module
+#: it is raised from, its category and the start of its message: torch's deprecation of
+#: ``LeafSpec``, which Lightning's own ``_pytree`` still checks for (Lightning 2.6, torch 2.13)
+KNOWN_WARNINGS = (
+    (r"lightning\.pytorch\.utilities\._pytree", FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+)
+
+
+def quiet_known_warnings() -> None:
+    """Filter the warnings of ``KNOWN_WARNINGS`` (each by its category and message; call it
+    inside ``warnings.catch_warnings`` to keep the filters to a block) and drop Lightning's
+    advertisement for its cloud logger (printed on every run)."""
+    for module, category, message in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
     target = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropTips) for f in target.filters):
         target.addFilter(_DropTips())

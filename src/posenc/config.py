@@ -109,9 +109,11 @@ CPU_FLOPS = 1e11
 
 
 def cost_warnings(cfg: DictConfig, scheme) -> list[str]:
-    """One line each for settings that cannot fail but only cost time: a window past
+    """One line each for settings that cannot fail but cost time or waste the run: a window past
     ``model.max_len`` for a scheme that is not bound by it (attention grows with its
-    square), and a run whose training FLOPs take hours at ``CPU_FLOPS`` on the CPU."""
+    square), a run whose training FLOPs take hours at ``CPU_FLOPS`` on the CPU, and a warm-up
+    as long as the run or longer (it ends with its learning rate still rising:
+    ``posenc.module.warmup_cosine`` gives step s the factor (s + 1) / warmup_steps)."""
     m, d = cfg.model, cfg.data
     T, B, steps = int(d.seq_len), int(d.batch_size), int(cfg.trainer.max_steps)
     out = []
@@ -126,6 +128,11 @@ def cost_warnings(cfg: DictConfig, scheme) -> list[str]:
             out.append(f"this run is about {per_token * T * B * steps / 1e15:.1f} PFLOP of training: about "
                        f"{hours:.0f} hour(s) on a CPU at {CPU_FLOPS / 1e9:.0f} GFLOP/s; fewer trainer.max_steps, a "
                        "smaller model or window, or trainer=gpu")
+    warmup = int(cfg.optim.warmup_steps)
+    if warmup >= steps:
+        out.append(f"optim.warmup_steps={warmup} is not below trainer.max_steps={steps}: the run ends in its warm-up, "
+                   f"its learning rate still rising (at its last step {steps / warmup:.0%} of optim.lr); lower "
+                   "optim.warmup_steps or raise trainer.max_steps")
     return out
 
 

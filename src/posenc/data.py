@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,7 +191,8 @@ def train_tokenizer(texts, vocab_size: int, min_frequency: int = 2):
 
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator(
-        texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=True
+        texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+        show_progress=sys.stdout.isatty(),  # a bar on a terminal only: in a log it is noise, and a closed pipe panics it
     )
     return tok
 

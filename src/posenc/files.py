@@ -17,8 +17,12 @@ from typing import Any
 
 
 def project_root() -> Path:
-    """``POSENC_ROOT``, else the working directory: where ``mlflow.db`` and ``outputs/`` live."""
-    return Path(os.environ.get("POSENC_ROOT", ".")).expanduser().resolve()
+    """Where ``mlflow.db``, ``mlartifacts/``, ``outputs/`` and ``.cache/`` live (``paths.root``):
+    ``POSENC_ROOT``, else the project this code belongs to (``src/posenc/`` is two folders below
+    it, beside ``conf/``: ``posenc.CONFIG_DIR``), whatever the working folder."""
+    if os.environ.get("POSENC_ROOT"):
+        return Path(os.environ["POSENC_ROOT"]).expanduser().resolve()
+    return Path(__file__).resolve().parents[2]
 
 
 def file_mode() -> int:

@@ -91,6 +91,17 @@ class CreateExperimentBeforeSweep(Callback):
             ensure_experiment(logger.tracking_uri, logger.experiment_name, logger.get("artifact_location"))
 
 
+def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str = "http://127.0.0.1:5000") -> str:
+    """MLflow's compare view of ``run_ids`` (their params and metrics side by side, and plots):
+    the route MLflow 3.17's UI builds itself (``getCompareRunPageRoute``: JSON lists of run and
+    experiment ids), quoted for a terminal."""
+    import json
+    from urllib.parse import quote
+
+    lists = (json.dumps(list(run_ids), separators=(",", ":")), json.dumps(list(experiment_ids), separators=(",", ":")))
+    return f"{base}/#/compare-runs?runs={quote(lists[0])}&experiments={quote(lists[1])}"
+
+
 def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
     """Create the experiment if needed; returns its id.
 
