@@ -22,10 +22,78 @@ def data_dir() -> Path:
 NO_SKIPS = "POSENC_NO_SKIPS"  # set by .ci/run: a skipped test is a failure there
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="the full suite (what CI runs): the tests marked slow too; plain pytest leaves them out")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"may_skip(reason): a test whose skip is right even where {NO_SKIPS} is set (say why)"
     )
+
+
+#: how many slow tests the fast tier left out
+SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two tiers: plain ``pytest`` runs the fast one, every test not marked ``slow``; ``pytest
+    --full`` (CI) runs them all. A slow test trains more than a few steps or starts a process
+    (``no_process_unless_slow`` fails an unmarked test that does)."""
+    if config.getoption("--full"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    config.stash[SLOW_LEFT_OUT] = len(slow)
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left = config.stash.get(SLOW_LEFT_OUT, 0)
+    if left:
+        terminalreporter.write_line(f"the fast tier: {left} slow tests left out; `pytest --full` runs the full suite")
+
+
+#: the programs a fast test may start: git (it answers in milliseconds: the history checks ask
+#: it) and ninja (torch's extension builder checks FIRE's kernel with it, built once per machine)
+QUICK_PROGRAMS = {"git", "ninja"}
+
+
+@pytest.fixture(autouse=True)
+def no_process_unless_slow(request, monkeypatch):
+    """A test not marked ``slow`` that starts a process (``subprocess``, ``multiprocessing``, a
+    fork, ``posix_spawn``) fails, naming the program: the fast tier stays fast because what makes
+    a test slow is checked, not remembered. ``QUICK_PROGRAMS`` are allowed."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import _posixsubprocess
+    import subprocess
+
+    started: list[str] = []
+
+    def refuse(program: str):
+        started.append(program)
+        pytest.fail(f"{request.node.nodeid} starts a process ({program}): mark it @pytest.mark.slow", pytrace=False)
+
+    real = _posixsubprocess.fork_exec
+
+    def guarded(args, *rest, **kw):
+        program = os.path.basename(os.fsdecode(args[0])) if args else "?"
+        if program not in QUICK_PROGRAMS:
+            refuse(program)
+        return real(args, *rest, **kw)
+
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", guarded)
+    monkeypatch.setattr(subprocess, "_fork_exec", guarded, raising=False)
+    monkeypatch.setattr(os, "fork", lambda *a, **kw: refuse("a fork"))
+    monkeypatch.setattr(os, "posix_spawn", lambda path, *a, **kw: refuse(os.path.basename(os.fsdecode(path))))
+    yield
+    if started:  # refused even where the code under test caught the failure
+        pytest.fail(f"{request.node.nodeid} starts processes ({', '.join(started)}): mark it @pytest.mark.slow",
+                    pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

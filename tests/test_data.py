@@ -118,6 +118,7 @@ def test_masking_follows_bert_rule():
     assert differ == 100, differ
 
 
+@pytest.mark.slow
 def test_relative_data_dir_is_resolved_once_at_import(tmp_path, data_root):
     """POSENC_DATA_DIR given relative to the starting folder (as the README's
     `export POSENC_DATA_DIR=../shared/data`) still names that folder after the

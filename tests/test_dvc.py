@@ -385,6 +385,7 @@ def _check_adding_a_scheme(study: Path, clone: Path) -> None:
     assert (clone / "results/metrics/penalty.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_committed_lock_is_what_the_committed_code_and_params_make():
     """``dvc status`` of the default pipeline lists no stage whose code, configs or params
     changed since its committed ``dvc.lock`` was written: the committed results come from the
@@ -411,6 +412,7 @@ def _stages_listed(root: Path) -> set[str]:
     return set(json.loads(status.stdout or "{}"))
 
 
+@pytest.mark.slow
 def test_editing_the_executor_plans_no_study_stage(tmp_path):
     """The executor decides where a job runs, not what it computes: it is no dependency of
     a result. In a copy of the project with its committed results, an edit of
@@ -427,6 +429,7 @@ def test_editing_the_executor_plans_no_study_stage(tmp_path):
     assert {f"study@{s}" for s in schemes} <= _stages_listed(tmp_path)
 
 
+@pytest.mark.slow
 def test_rewording_a_verdict_reruns_the_report_alone(tmp_path):
     """The verdicts are stored as ids; their words are ``analysis.words``, a dependency of the
     report stage alone. In a copy of the project with its committed results, rewording a
@@ -445,6 +448,7 @@ def test_rewording_a_verdict_reruns_the_report_alone(tmp_path):
     assert _stages_listed(tmp_path) - before == {"report"} and "report" not in before
 
 
+@pytest.mark.slow
 def test_a_refused_study_stage_leaves_the_committed_results_as_they_were(tmp_path):
     """DVC deletes a stage's outputs before its command runs, unless they persist. A study
     stage refused for its executor (a misspelt ``POSENC_EXECUTOR``; with no CUDA device,

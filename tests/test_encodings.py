@@ -950,6 +950,7 @@ def test_fire_kernel_gradients_do_not_depend_on_threads(fire_ops):
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+@pytest.mark.slow
 def test_fire_kernel_off_or_unbuildable_leaves_the_pytorch_version(tmp_path, monkeypatch):
     """With ``POSENC_NATIVE=0``, or a kernel that does not compile, FIRE runs its PyTorch
     version; a failed build says so in a warning and does not raise."""
@@ -982,6 +983,7 @@ def test_pieces_segments_of_non_increasing_rows():
 
 
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.slow
 def test_fire_block_input_never_increases_along_a_row(causal):
     """FIRE's input on a block of consecutive positions past its threshold never increases
     along a row (what ``_Pieces`` relies on to search a row at a time), but for float
@@ -1515,6 +1517,7 @@ def shakespeare() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.slow
 def test_tiny_model_trains_on_real_text(name, shakespeare):
     """100 steps on the first 90,000 bytes of Tiny Shakespeare teach the model, with any
     scheme, what a broken one does not show, measured on the next 10,000 bytes:

@@ -32,6 +32,7 @@ def _common(tmp_path, data_root, cache_dir, experiment: str) -> str:
             f"log_checkpoint=false logger.experiment_name={experiment}")
 
 
+@pytest.mark.slow
 def test_a_study_gives_the_same_results_on_the_pool_and_as_submitit_local_jobs(tmp_path, data_root, cache_dir):
     """One scheme's causal-LM and retrieval runs, through the fork pool and through
     submitit's local jobs (each a fresh process running submitit's pickled call, as on
@@ -93,6 +94,7 @@ def _settings(tmp_path, text: str) -> dict:
     return executors.settings(str(path))
 
 
+@pytest.mark.slow
 def test_a_pool_with_gpus_gives_each_worker_one_device_and_each_device_one_job_at_a_time(tmp_path, monkeypatch):
     """gpus: 2 (no GPU needed: the pool only sets CUDA_VISIBLE_DEVICES): six jobs of 0.3 s on
     two workers, whatever --workers says; each job saw exactly one device, a worker kept its
@@ -121,6 +123,7 @@ def test_a_pool_with_gpus_gives_each_worker_one_device_and_each_device_one_job_a
         assert {d for d, *_ in _run_all(ex, 4, 0.2)} == {"3", "5"}
 
 
+@pytest.mark.slow
 def test_the_slurm_preset_asks_sbatch_for_its_resources(tmp_path, monkeypatch):
     """The sbatch script submitit submits for a job of the slurm preset (with a partition),
     read from a stand-in sbatch: GPUs per node, CPUs per task, memory, time, partition, the
@@ -151,6 +154,7 @@ def test_the_slurm_preset_asks_sbatch_for_its_resources(tmp_path, monkeypatch):
     job.job.watcher.clear()  # submitit's watcher of SLURM jobs is shared: forget the stand-in's job
 
 
+@pytest.mark.slow
 def test_a_failed_submitit_job_fails_the_stage_by_its_name_and_job(tmp_path, data_root, cache_dir, capsys):
     """A run that raises in its submitit job (a window of -5 tokens): the stage exits 1,
     naming the run, the job's error, its id and its log; no results are written."""
@@ -167,6 +171,7 @@ def test_a_failed_submitit_job_fails_the_stage_by_its_name_and_job(tmp_path, dat
     assert not results.exists() and not (tmp_path / "extrapolation").exists()
 
 
+@pytest.mark.slow
 def test_a_cancelled_submitit_job_is_reported_and_an_interrupted_stage_cancels_its_jobs(tmp_path, monkeypatch):
     """A job that ends without a result (killed here; cancelled, timed out or preempted alike) raises
     submitit's UncompletedJobError, which the executor words with its job id; an exception in
@@ -193,6 +198,7 @@ def test_a_cancelled_submitit_job_is_reported_and_an_interrupted_stage_cancels_i
     assert h.done()
 
 
+@pytest.mark.slow
 def test_a_preempted_submitit_job_is_requeued_and_its_run_ends_as_an_uninterrupted_one(tmp_path, data_root,
                                                                                         cache_dir):
     """A causal-LM run of a study on submitit's local jobs, preempted once after step 12 of 20
@@ -235,6 +241,7 @@ def test_a_preempted_submitit_job_is_requeued_and_its_run_ends_as_an_uninterrupt
     assert sum("resume_overrides" in r.data.tags for r in runs) == 1
 
 
+@pytest.mark.slow
 def test_a_job_preempted_past_its_requeues_fails_by_its_name_and_count(tmp_path):
     """A job preempted each time it starts is requeued ``max_requeues`` times, then fails with
     a message naming it and the count of stops."""
@@ -289,6 +296,7 @@ def test_submitit_missing_is_refused_with_the_install_command(monkeypatch):
         executors.check({"kind": "submitit", "cluster": "local", "timeout_min": 5})
 
 
+@pytest.mark.slow
 def test_the_default_path_imports_no_torch_lightning_or_submitit_in_the_parent():
     """The study's parent process on the default executor reads its settings and builds its
     pool without torch, Lightning or submitit (the fork server imports what the jobs need)."""

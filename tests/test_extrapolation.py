@@ -273,6 +273,7 @@ def test_learned_not_applicable_past_its_table(tmp_path, data_root, cache_dir):
     assert np.isnan(ev.read_results([csv_path])["ppl"]).sum() == 4
 
 
+@pytest.mark.slow
 def test_figure_has_a_panel_per_family_and_one_line_per_scheme(tmp_path):
     import matplotlib.pyplot as plt
 

@@ -39,6 +39,7 @@ class Sleepers:
             queue.put(self, record, (self.follow,), f"{self.name}-grid", ("follow-up", self.follow), first=True)
 
 
+@pytest.mark.slow
 def test_four_devices_stay_busy_with_the_jobs_of_three_stages(tmp_path, monkeypatch):
     """A pool of 4 (fake) devices and the jobs of three stages, of 0.1 to 0.7 s, those of the
     first leaving a follow-up each: a job starts on a device as soon as one is free, whichever

@@ -352,6 +352,7 @@ def test_fire_score_gets_the_dense_gradients_through_the_kernel_backward(monkeyp
     assert_same_gradients(y, ref, named, atol=2e-5, rtol=2e-4)
 
 
+@pytest.mark.slow
 def test_inductor_refuses_fires_old_score_and_accepts_the_new(monkeypatch, fresh_flex_route):
     """Inductor's check of a FlexAttention backward (``validate_joint_graph``, run on the joint
     graph AOTAutograd makes on the CPU, ``flexkit.joint_graph_checking_backend``) refuses FIRE's

@@ -14,6 +14,7 @@ from posenc.files import project_root
 DOCS = project_root() / "docs"
 
 
+@pytest.mark.slow
 def test_the_script_runs_end_to_end_on_the_cpu(tmp_path, data_root, cache_dir, monkeypatch, capsys):
     """``--device cpu``: every part of the check runs (its estimate printed first, the step on
     every route, the benchmark, the long evaluation, training, numerics, evaluation at 4L; not
@@ -192,6 +193,7 @@ def test_the_routes_and_the_compiled_step_are_timed_side_by_side(tmp_path, monke
     assert "| alibi | 256 | flex | 5.5000 |" in text
 
 
+@pytest.mark.slow
 def test_the_check_fits_in_eight_minutes_by_its_own_estimate(monkeypatch):
     """With its defaults and every scheme, the check's estimate (``estimate``: measured costs of
     the H200 run of 2026-11-26, assumed ones for compilation, both named in it) is within

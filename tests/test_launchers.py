@@ -75,6 +75,7 @@ def test_local_preset_runs_the_points_in_parallel_processes_of_one_thread(tmp_pa
         assert probes[0]["pid"] != probes[1]["pid"], probes
 
 
+@pytest.mark.slow
 def test_slurm_preset_composes_one_gpu_job(tmp_path, data_root, cache_dir):
     """What ``hydra/launcher=slurm`` composes to through ``python train.py`` (no sweep started)."""
     # --cfg after the overrides: posenc's command line puts its hydra.job.name beside them, so the

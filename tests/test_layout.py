@@ -17,6 +17,7 @@ from .conftest import REPO
 CODE = [p for d in ("src", "pipelines", "analysis") for p in sorted((REPO / d).rglob("*.py"))]
 
 
+@pytest.mark.slow
 def test_the_config_layer_composes_checks_and_builds_a_model_without_lightning():
     script = (
         "import sys\n"
@@ -219,6 +220,7 @@ def test_a_study_finds_the_task_of_a_table_by_its_class(tmp_path):
         Study(tmp_path).task("mlm")
 
 
+@pytest.mark.slow
 def test_computation_imports_no_plotting_library():
     """Statistics, term maps, reach, the retrieval grid and summary, the scale comparison and
     the tables are imported by their tests and the pipelines without matplotlib or seaborn:

@@ -63,6 +63,7 @@ def _one_step(paper: dict) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_every_job_of_the_paper_profile_composes_with_its_own_settings_and_passes_the_checks():
     from posenc.config import check_config, compose
 

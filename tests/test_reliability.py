@@ -20,6 +20,7 @@ from .conftest import REPO, cli_env, cli_overrides
 from .test_train import _cli, runs_of
 
 
+@pytest.mark.slow
 def test_wrong_type_names_the_key(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "model.d_model=abc")
     assert r.returncode != 0
@@ -126,6 +127,7 @@ def test_mlflow_server_lists_finished_run(make_cfg, tmp_path):
         assert {"config.yaml", "tokenizer.json"} <= {f["path"] for f in files}
 
 
+@pytest.mark.slow
 def test_evaluation_length_below_one_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pipelines.extrapolate", str(tmp_path / "missing.ckpt"),
                         "--lengths", "0", "--no-mlflow", "--out", str(tmp_path / "r.csv")],
@@ -135,6 +137,7 @@ def test_evaluation_length_below_one_is_refused(tmp_path):
     assert not (tmp_path / "r.csv").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_resume_leaves_one_folder_with_the_final_last_ckpt(tmp_path, data_root, cache_dir):
     """Ctrl-C at step 5 exits 130 naming the checkpoint it saved; `ckpt_path=last`
     then finishes the run in the same folder: one run folder (the resume's Hydra

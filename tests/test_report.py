@@ -343,6 +343,7 @@ def test_no_template_calls_a_function_that_computes_a_statistic():
     assert unexpected == []
 
 
+@pytest.mark.slow
 def test_rendering_imports_no_statistics_library():
     """Rendering the whole report (results.md, every profile's page, the README's block) in a
     fresh interpreter imports neither scipy nor statsmodels: it computes no test."""

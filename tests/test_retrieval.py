@@ -272,6 +272,7 @@ def test_a_retrieval_run_trains_is_scored_and_logs_its_grid(make_cfg, tmp_path):
         grid_cli.main([str(tmp_path / "lm-run")])
 
 
+@pytest.mark.slow
 def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_would(tmp_path, data_root, cache_dir):
     """pipelines.study scores a retrieval run's grids (plain, a zero-shot rule, a
     fine-tuned run) one (length, depth) cell per job on its pool: the results file holds

@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from posenc import tracking
@@ -83,6 +84,7 @@ def test_pipe_safe_covers_the_standard_streams_and_their_log_handlers(monkeypatc
         stream.close()
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_stdout_piped_to_head_saves_and_resumes_to_the_uninterrupted_end(tmp_path, data_root, cache_dir):
     """``python train.py ... | head -c 100``, then Ctrl-C: standard output is a real pipe to a real
     ``head``, which exits after 100 bytes (Hydra's first log line), so the progress bar, the model

@@ -94,6 +94,7 @@ def test_a_window_past_max_len_and_a_run_of_hours_are_warned_about(make_cfg):
     ("trainer.val_check_interval=0.5", "trainer.val_check_interval=0.5 must be a whole number at least 1"),
 ])
 @pytest.mark.may_skip(reason="the GPU case is refused only where torch sees no GPU")
+@pytest.mark.slow
 def test_the_settings_that_used_to_start_a_run_are_refused_in_one_line(tmp_path, data_root, cache_dir, bad, says):
     import torch
 
@@ -105,6 +106,7 @@ def test_the_settings_that_used_to_start_a_run_are_refused_in_one_line(tmp_path,
     assert [p for p in tmp_path.rglob("*")] == []  # no run folder, no cache folder, no MLflow store
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_refused_point_writes_nothing(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "-m", *cli_overrides(cache_dir), "model.n_layers=2,0")
     assert r.returncode == 2, r.stderr[-2000:]
@@ -163,6 +165,7 @@ def test_a_run_at_its_criterion_has_nothing_left_to_do(make_cfg, tmp_path):
         train(make_cfg(*RUN, *criterion, "trainer.max_steps=12", "ckpt_path=last"))
 
 
+@pytest.mark.slow
 def test_an_extended_resume_says_so_and_no_lightning_warning_about_its_folder(tmp_path, data_root, cache_dir):
     base = [*cli_overrides(cache_dir), "encoding=alibi", "trainer.max_steps=4", "trainer.val_check_interval=2"]
     first = _cli(tmp_path, data_root, cache_dir, *base)

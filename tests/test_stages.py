@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from pipelines import pipeline, profile
@@ -51,6 +52,7 @@ def test_the_committed_dvc_yaml_is_what_the_declared_stages_make():
     assert pipeline.main(["--check"]) == 0
 
 
+@pytest.mark.slow
 def test_a_figure_declared_once_is_a_stage_an_artifact_and_a_report_input_everywhere(tmp_path):
     root = _root(tmp_path)
     stages = [*pipeline.STAGES[:-2], TOY, *pipeline.STAGES[-2:]]  # before publish and the report

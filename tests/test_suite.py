@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from .conftest import NO_SKIPS, REPO
 
 SKIPPING = '''
@@ -36,6 +38,7 @@ def test_passes():
 '''
 
 
+@pytest.mark.slow
 def test_a_skip_fails_where_skips_are_not_allowed(tmp_path):
     """With POSENC_NO_SKIPS set (as .ci/run sets it) a skipped test fails and names the reason
     it gave (a fixture's skip is reported as an error at setup); a test marked ``may_skip`` is still

@@ -127,6 +127,7 @@ def test_mlm_table_tests_the_question_against_the_schemes_named(tmp_path):
     assert empty["summary"] == {} and tables.mlm_markdown(empty) == "This study has no masked-LM runs.\n"
 
 
+@pytest.mark.slow
 def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root, cache_dir):
     """One job refuses its config: the other still finishes, the stage exits 1, no results file."""
     common = (f"paths.root={tmp_path} paths.data_dir={data_root} paths.cache_dir={cache_dir} model=micro "
@@ -142,6 +143,7 @@ def test_a_failed_run_fails_the_stage_and_writes_no_results(tmp_path, data_root,
     assert (tmp_path / "runs" / "lm-s0" / "metrics.json").exists()  # the other job finished
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_stops_the_stage_with_exit_130(tmp_path, data_root, cache_dir):
     """A run stopped by a signal (here SIGINT at step 3) makes the study stage exit
     130 as shells expect of Ctrl-C, never 0, writing no results; the run keeps its last.ckpt."""
@@ -159,6 +161,7 @@ def test_an_interrupted_run_stops_the_stage_with_exit_130(tmp_path, data_root, c
     assert state["global_step"] == 3
 
 
+@pytest.mark.slow
 def test_a_study_stage_empties_its_runs_folder_and_records_provenance(tmp_path, data_root, cache_dir):
     """The stage owns <runs-dir>: a run folder of an earlier version of the study does not stay
     beside the new ones; the results record the digests of the shared code, the scheme and

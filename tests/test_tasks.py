@@ -119,6 +119,7 @@ def test_a_scheme_a_task_cannot_take_is_refused_naming_both_and_the_fix(conf):
         load("nope")
 
 
+@pytest.mark.slow
 def test_the_first_stage_refuses_a_misfit_before_any_run_and_writes_nothing(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["schemes"] = {"none": {"tasks": "lm mlm", "overrides": "", "extensions": ""},
@@ -131,6 +132,7 @@ def test_the_first_stage_refuses_a_misfit_before_any_run_and_writes_nothing(tmp_
     assert "scheme xpos cannot take task mlm" in r.stderr and "tasks:" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_study_stage_refuses_a_misfit_before_any_run(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -122,6 +122,7 @@ def _cli(tmp_path, data_root, cache_dir, *args, timeout=600):
     )
 
 
+@pytest.mark.slow
 def test_unknown_encoding_lists_options_and_writes_nothing(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "encoding=xyz")
     assert r.returncode == 2
@@ -131,6 +132,7 @@ def test_unknown_encoding_lists_options_and_writes_nothing(tmp_path, data_root, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_multirun_two_encodings(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "-m", "encoding=none,alibi", *cli_overrides(cache_dir),
              "trainer.max_steps=5", "trainer.val_check_interval=5")
@@ -209,6 +211,7 @@ def test_masked_lm_task(make_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_interrupt_then_resume_matches_uninterrupted(make_cfg, tmp_path, signum):
     """A run stopped by a signal at step 12 ends KILLED with a checkpoint of step 12;
     resuming it gives the same final metrics as a run that was never stopped."""

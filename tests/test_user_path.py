@@ -135,6 +135,7 @@ def test_runs_tell_themselves_apart(make_cfg, tmp_path):
     ("executor=gpus", "executor=gpus: executor is no setting of a run: where the study's jobs run"),
     ("+executor=gpus", "+executor=gpus: executor is no setting of a run"),
 ])
+@pytest.mark.slow
 def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, cache_dir, bad, setting):
     r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -145,6 +146,7 @@ def test_refused_settings_are_one_line_and_leave_nothing(tmp_path, data_root, ca
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no run folder, no MLflow store
 
 
+@pytest.mark.slow
 def test_misspelt_setting_gets_the_closest_one(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, "trainer.max_step=10")
     assert r.returncode == 2
@@ -155,6 +157,7 @@ def test_misspelt_setting_gets_the_closest_one(tmp_path, data_root, cache_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_logger_null_trains_without_mlflow(tmp_path, data_root, cache_dir):
     r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), "logger=null", "trainer.max_steps=2",
              "trainer.val_check_interval=2")
@@ -181,6 +184,7 @@ def test_refused_corpus_leaves_no_cache_folder_or_lock(make_cfg, tmp_path):
     assert list(cache.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_console_says_steps_and_where_the_run_is(tmp_path, data_root, cache_dir):
     args = [o for o in cli_overrides(cache_dir) if not o.startswith("trainer.enable_")]
     r = _cli(tmp_path, data_root, cache_dir, *args, "trainer.max_steps=4", "trainer.val_check_interval=2")
@@ -200,6 +204,7 @@ def test_console_says_steps_and_where_the_run_is(tmp_path, data_root, cache_dir)
     assert meta["identity"]["data.corpus.name"] == "tinyshakespeare"
 
 
+@pytest.mark.slow
 def test_a_scheme_outside_the_tree_trains_from_the_command_line(tmp_path, data_root, cache_dir):
     """`python train.py hydra.searchpath=[file://<root>] encoding=<name>`: the one-line check of
     the overrides composes with the same search path, so the scheme is an option (and an
@@ -234,6 +239,7 @@ def test_a_scheme_outside_the_tree_trains_from_the_command_line(tmp_path, data_r
     assert json.loads(metrics.read_text())["encoding"] == "mine"
 
 
+@pytest.mark.slow
 def test_help_lists_the_groups_a_run_takes(tmp_path, data_root, cache_dir):
     """``--help`` names every group a run takes, with its options, and the composed config;
     not the study's executors nor the model schema, which a run does not take."""
@@ -247,6 +253,7 @@ def test_help_lists_the_groups_a_run_takes(tmp_path, data_root, cache_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_pipelines_pin_mkl_for_every_stage_and_job():
     """``import pipelines`` (every stage command does) sets MKL's instruction set for the
     stage and what it starts, unless the environment chose one."""
@@ -285,6 +292,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_run_composes_its_config_once_and_checks_it_once(tmp_path, data_root, cache_dir):
     """``python train.py encoding=alibi``: Hydra composes the config once (its config loader
     is called once), the checks run once and one task object serves the checks, the data and
