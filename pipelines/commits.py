@@ -83,7 +83,7 @@ def credit_problems(root: Path, study, params: str) -> list[str]:
         elif committed and not is_ancestor(root, commit, committed):
             out.append(f"{shown} came after {committed[:10]}, the commit of its records ({records}): the credit goes "
                        "to the commit the study stages recorded, never the HEAD of a later checkout")
-        elif study.credit.recorded(commit) and not git(root, "diff-tree", "--root", "--no-commit-id", "--name-only",
-                                                          "-r", commit, "--", *code):
+        elif study.credit.recorded(commit) and not git(root, "diff-tree", "--root", "-m", "--no-commit-id",
+                                                          "--name-only", "-r", commit, "--", *code):  # -m: a merge too
             out.append(f"{shown} changed none of the study's code or settings ({', '.join(code[:4])}, ...)")
     return out

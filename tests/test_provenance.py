@@ -103,6 +103,23 @@ def test_check_refuses_a_credit_that_cannot_have_made_the_results(history):
     assert f"{docs[:10]} (a, b) changed none of the study's code" in said
 
 
+def test_a_merge_that_brings_the_study_code_is_a_credit_that_can_have_made_the_results(history):
+    """A merge commit whose side branch changed the study's code is what ``made_at`` records (git
+    lists the merge: its tree differs from each parent's), and ``credit_problems`` accepts it
+    (git's diff of a merge is empty without ``-m``: the check read it as a commit that changed
+    nothing)."""
+    root = history["root"]
+    _git(root, "checkout", "-qb", "side")
+    _commit(root, {"src/posenc/model.py": "V = 4\n"}, "side: code")
+    _git(root, "checkout", "-q", "-")
+    _commit(root, {"params.yaml": yaml.safe_dump({"schemes": {"a": {}, "b": {}}, "x": 1})}, "main: settings")
+    _git(root, "-c", "user.email=t@t", "-c", "user.name=t", "merge", "-q", "--no-ff", "side", "-m", "merge")
+    made = commits.made_at(root, "params.yaml")
+    assert made["commit"] == _git(root, "rev-parse", "HEAD")  # the merge itself
+    _commit(root, {f"results/runs/{s}.json": json.dumps({"scheme": s, "git": made}) for s in "ab"}, "records")
+    assert commits.credit_problems(root, Study(root), "params.yaml") == []
+
+
 def test_report_check_asks_git_only_where_the_project_is_a_checkout(tmp_path, capsys):
     """A copy of the results (no git) is checked on its rendering alone, and says that the credited
     commits were not checked."""
