@@ -57,8 +57,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 #: the programs a fast test may start: git (it answers in milliseconds: the history checks ask
-#: it) and ninja (torch's extension builder checks FIRE's kernel with it, built once per machine)
-QUICK_PROGRAMS = {"git", "ninja"}
+#: it), and what torch's extension builder runs for FIRE's kernel (ninja, and the C++ compiler it
+#: asks for its version even where the kernel is built already; the build itself, once a machine)
+QUICK_PROGRAMS = {"git", "ninja", "c++", "g++", "gcc", "cc", "clang", "clang++"}
 
 
 @pytest.fixture(autouse=True)
