@@ -96,6 +96,8 @@ def render(root: Path = ROOT) -> dict[str, str]:
     out = {REPORT: one("results.md.j2")}
     for prof in profiles:  # a page of its own for every profile with results
         out[f"{PROFILES}/{prof.name}.md"] = one("profile.md.j2", prof=prof)
+    # their index, also where there is none: the folder is the stage's output, and git keeps no empty folder
+    out[f"{PROFILES}/README.md"] = one("profiles-index.md.j2")
     readme = (root / README).read_text()
 
     def block(m: re.Match) -> str:
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"report --check: {', '.join(rendered)} match the results, and each credits the commit that made them")
         return 0
-    (root / PROFILES).mkdir(parents=True, exist_ok=True)  # the stage's output, empty in a study without profiles
+    (root / PROFILES).mkdir(parents=True, exist_ok=True)
     for rel, text in rendered.items():
         if not (root / rel).exists() or (root / rel).read_text() != text:
             write_text(root / rel, text)

@@ -274,8 +274,9 @@ def test_the_report_opens_with_the_summary_and_its_contents_lead_to_every_sectio
     anchors = re.findall(r"\]\(#([^)]+)\)", contents)
     assert len(anchors) > 10 and set(anchors) <= {_slug(h) for h in headings}
     names = sorted(p.parent.name for p in (REPO / "profiles").glob("*/results"))
-    assert sorted(rel for rel in rendered if rel.startswith(report.PROFILES + "/")) == [
-        f"{report.PROFILES}/{n}.md" for n in names]
+    assert sorted(rel for rel in rendered if rel.startswith(report.PROFILES + "/")) == sorted(
+        [f"{report.PROFILES}/{n}.md" for n in names] + [f"{report.PROFILES}/README.md"])  # and their index
+    assert all(f"({n}.md)" in rendered[f"{report.PROFILES}/README.md"] for n in names)
     for n in names:
         assert f"(profiles/{n}.md)" in text and f"(docs/profiles/{n}.md)" in rendered[report.README]
 
