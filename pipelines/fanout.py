@@ -165,9 +165,9 @@ def record(f: Fanned, queue: study.Queue, ex, failed: list[str]) -> None:
         failed.extend(f"{f.address}: {why}" for why in f.stage.failed)
         print(f"{f.address}: FAILED, nothing written", flush=True)
         return
-    begun, now = queue.begun[f.stage], time.time()
+    begun = queue.begun[f.stage]
     study.write(f.a, f.stage.done, ex.record(), t0=begun)
-    write_record(Path(f.record), begun, now)
+    write_record(Path(f.record), begun, time.time())  # after the runs file: its wall time falls within
     out = dvc("commit", "--force", f.address)
     if out.returncode != 0:
         failed.append(f"{f.address}: written, but dvc commit failed: {out.stderr.strip()[-500:]}")
