@@ -207,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"report --check: {', '.join(rendered)} match the results, and each credits the commit that made them")
         return 0
-    (root / PROFILES).mkdir(parents=True, exist_ok=True)
     for rel, text in rendered.items():
         if not (root / rel).exists() or (root / rel).read_text() != text:
             write_text(root / rel, text)

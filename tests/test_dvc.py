@@ -455,9 +455,7 @@ def test_a_refused_study_stage_leaves_the_committed_results_as_they_were(tmp_pat
     the ``gpus`` preset) fails in one line naming the cause, and every committed file of
     the project is as it was, byte for byte."""
     _copy_project(tmp_path, results=True)
-    files = lambda: {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in tmp_path.rglob("*")  # noqa: E731
-                     if p.is_file() and not {".dvc", ".git", "__pycache__"} & set(p.parts)}  # python's own caches too
-    before = files()
+    before = _tree(tmp_path)
     assert "results/runs/alibi.json" in before and "results/extrapolation/alibi.csv" in before
     cases = {"gpu": "POSENC_EXECUTOR=gpu: unknown executor 'gpu': did you mean 'gpus'?"}
     import torch
@@ -474,4 +472,4 @@ def test_a_refused_study_stage_leaves_the_committed_results_as_they_were(tmp_pat
         refusal = [line for line in out.stderr.splitlines() if line.startswith("study refused")]
         assert len(refusal) == 1 and said in refusal[0], out.stderr[-2000:]
         assert "usage:" not in out.stderr
-        assert files() == before
+        assert _tree(tmp_path) == before
