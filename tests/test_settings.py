@@ -10,6 +10,8 @@ cannot go unchecked."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -20,7 +22,7 @@ from posenc.errors import ConfigError
 from posenc.resume import IDENTITY_KEYS, RESUMABLE
 from posenc.train import train
 
-from .conftest import FAST, cli_overrides
+from .conftest import FAST, REPO, cli_env, cli_overrides
 from .test_train import _cli, runs_of
 from .test_user_path import snapshot
 
@@ -39,7 +41,7 @@ def _cases():
 def test_no_value_outside_a_declared_range_passes_the_checks(tmp_path, data_root, cache_dir, key, value):
     """Through the command line's own path: the override either does not compose (a schema's
     type refuses it: ``model.d_model=2.5``) or ``check_config`` refuses it, naming the setting."""
-    from posenc.cli import composition_error
+    from posenc.cli import composition_error, early_refusal
 
     overrides = [f"paths.root={tmp_path}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}", *FAST,
                  *NEEDS.get(key, []), f"{key}={value}"]
@@ -47,8 +49,11 @@ def test_no_value_outside_a_declared_range_passes_the_checks(tmp_path, data_root
     if message is not None:
         assert message.startswith(f"error: {key}"), message
         return
-    with pytest.raises(ConfigError, match=rf"^{key}={value}(\.0)? must be "):  # a float schema writes 1 as 1.0
-        check_config(compose(overrides))
+    cfg = compose(overrides)
+    with pytest.raises(ConfigError, match=rf"^{key}={value}(\.0)? must be ") as refused:  # a float schema: 1 as 1.0
+        check_config(cfg)
+    # the command line refuses it in the same words before it imports the trainer
+    assert early_refusal(cfg) == f"error: {refused.value}"
 
 
 def _numeric_leaves(cfg) -> set[str]:
@@ -100,10 +105,23 @@ def test_the_settings_that_used_to_start_a_run_are_refused_in_one_line(tmp_path,
 
     if bad == "trainer=gpu" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad)
+    r = subprocess.run([sys.executable, "-c", SAYS_IF_LIGHTNING, str(REPO / "train.py"), *cli_overrides(cache_dir), bad],
+                       cwd=tmp_path, env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [f"error: {says}"]
     assert [p for p in tmp_path.rglob("*")] == []  # no run folder, no cache folder, no MLflow store
+    # refused before the trainer was imported (Lightning and MLflow: most of a run's start-up)
+    assert r.stdout.strip() == "imported: lightning False, mlflow False", r.stdout
+
+
+#: ``python train.py <args>`` that says at its exit whether Lightning and MLflow were imported
+SAYS_IF_LIGHTNING = """
+import atexit, runpy, sys
+atexit.register(lambda: print(f"imported: lightning {'lightning' in sys.modules}, mlflow {'mlflow' in sys.modules}"))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 @pytest.mark.slow

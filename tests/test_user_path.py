@@ -295,8 +295,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.slow
 def test_a_run_composes_its_config_once_and_checks_it_once(tmp_path, data_root, cache_dir):
     """``python train.py encoding=alibi``: Hydra composes the config once (its config loader
-    is called once), the checks run once and one task object serves the checks, the data and
-    the module; the run trains and its folder holds Hydra's record of that config. (Before:
+    is called once), the checks run once (``check_config``; the cheap ones that need no scheme,
+    task or data also ran before the trainer was imported, ``posenc.cli.early_refusal``) and
+    one task object serves the checks, the data and the module; the run trains and its folder holds Hydra's record of that config. (Before:
     four compositions, the one-line refusals' two and Hydra's wrapper's two, one of them to
     read the mode; two checks; three task objects.)"""
     r = subprocess.run([sys.executable, "-c", COUNTED, str(REPO / "train.py"), "encoding=alibi",

@@ -22,10 +22,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONFIG_DIR, tracking
-from .callbacks import RunInterrupted
+from .config import check_attention, check_device, check_optim, check_ranges
 from .errors import ConfigError, DataError
 from .spelling import did_you_mean
-from .train import train
 
 
 #: the job's name, which Hydra gives its log (``<run>/train.log``); by default Hydra would
@@ -85,6 +84,9 @@ def refuse(error: Exception) -> None:
 
 def run_task(cfg: DictConfig) -> float | None:
     """A run's job: train it; a refusal is one line, an interrupt exits 130."""
+    from .callbacks import RunInterrupted
+    from .train import train
+
     try:
         metrics = train(cfg)
     except (ConfigError, DataError) as e:
@@ -103,7 +105,8 @@ def run_once(args: list[str]) -> None:
     """One run with its config composed once, by Hydra's own path for a run (what ``hydra.main``
     does, less its second composition to read the mode): compose, then ``run_job``, which
     makes the run folder, ``.hydra/`` and the log and calls ``run_task``. Overrides that do
-    not compose are refused in one line (``explain``), before anything is written."""
+    not compose are refused in one line (``explain``), before anything is written, and so are
+    settings out of their range (``early_refusal``)."""
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_automatic_config_search_path, run_and_report
@@ -122,6 +125,8 @@ def run_once(args: list[str]) -> None:
         except HydraException as e:
             GlobalHydra.instance().clear()  # explain composes what did compose, for the closest key
             message = explain(e, plain)
+        else:
+            message = early_refusal(cfg)
     if message:
         print(message, file=sys.stderr)
         sys.exit(2)
@@ -139,6 +144,20 @@ def run_once(args: list[str]) -> None:
         run_and_report(job)
     finally:
         GlobalHydra.instance().clear()
+
+
+def early_refusal(cfg: DictConfig) -> str | None:
+    """One line for a setting out of its range, an optimiser's betas, a device the machine lacks
+    or an attention route that cannot train here: the checks of ``check_config`` that need
+    neither the scheme, the task nor the data, run before Hydra's callbacks import Lightning and
+    MLflow (most of a run's start-up: a refusal then takes a few seconds, not a dozen).
+    ``check_config`` runs them again with the rest, inside ``train``."""
+    try:
+        for check in (check_ranges, check_optim, check_device, check_attention):
+            check(cfg)
+    except ConfigError as e:
+        return f"error: {e}"
+    return None
 
 
 def not_a_run(overrides: list[str]) -> str | None:
