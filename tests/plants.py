@@ -100,7 +100,7 @@ def plant(root: str, path: str, old: str, new: str) -> list[str]:
     where = subprocess.run([sys.executable, "-c", "import posenc; print(posenc.__file__)"], env=env,
                            capture_output=True, text=True, cwd=REPO).stdout.strip()
     assert where.startswith(root), f"the copy is not the one imported: {where}"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--full", "-p", "no:cacheprovider", "-k",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--full", "-n0", "-p", "no:cacheprovider", "-k",
                         "not trains_on_real_text", *TESTS], env=env, capture_output=True, text=True, cwd=REPO)
     return re.findall(r"^FAILED (\S+)", r.stdout, re.M)
 

@@ -63,7 +63,8 @@ def test_the_worked_examples_pass_every_property_test_and_their_references(tmp_p
     env = dict(os.environ, POSENC_SCHEME_PATH=str(tmp_path / "conf"), OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
     files = ["tests/test_encodings.py", "tests/test_attention.py", *map(str, sorted(src.glob("test_*.py")))]
-    base = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider", "-k", " or ".join(names)]
+    base = [sys.executable, "-m", "pytest", *files, "-n0", "-p", "no:cacheprovider", "-k",
+            " or ".join(names)]
     collect = subprocess.run(base + ["--collect-only", "-q"], cwd=REPO, env=env, capture_output=True, text=True)
     assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-2000:]
     for name in names:

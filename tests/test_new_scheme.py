@@ -260,7 +260,7 @@ def test_a_scheme_outside_the_tree_gets_every_property_test(tmp_path, monkeypatc
     env = dict(os.environ, POSENC_SCHEME_PATH=os.pathsep.join([str(good), str(bad)]), OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
     pytest_cmd = [sys.executable, "-m", "pytest", "tests/test_encodings.py", "tests/test_attention.py",
-                  "-p", "no:cacheprovider", "--full"]
+                  "-n0", "-p", "no:cacheprovider", "--full"]  # one process each: they run at once
     runs = {  # three pytest processes at once: each spends most of its time importing
         "collect": pytest_cmd + ["--collect-only", "-q"],
         "good": pytest_cmd + ["-q", "-k", "oot_penalty"],

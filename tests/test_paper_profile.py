@@ -1,6 +1,8 @@
 """The paper profile (``profiles/paper``: WikiText-103, L = 512, ``model=base``, three tasks,
 RoPE's context-extension rules) composes and runs end to end: every job of its pipeline for
 one step, on CPU, so that whoever has the GPUs it is sized for can start it knowing it works.
+It runs as the README runs a whole study: ``python -m pipelines.fanout paper`` (every study
+stage's jobs on one pool), then ``dvc repro`` of the profile's pipeline for the rest.
 
 Only what cannot run here is changed, and the test says which: the trainer (CPU), the
 counts (one step, one seed, batches of one or two, few evaluation tokens and trials, lengths
@@ -26,7 +28,7 @@ import pytest
 import yaml
 
 from .conftest import REPO
-from .test_dvc import _copy_project, _dvc
+from .test_dvc import _copy_project, _dvc, _python
 
 #: what this test changes in profiles/paper/params.yaml, and nothing else
 ONE_STEP = {
@@ -99,11 +101,16 @@ def test_the_paper_profile_runs_one_step_of_every_job_on_cpu(tmp_path, data_root
         (corpus / f"{split}.txt").write_text("".join(lines[: 3000 if split == "train" else 400]), encoding="utf-8")
     monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path / "data"))
 
-    made = subprocess.run([sys.executable, "-m", "pipelines.profile", "paper", "--write"], cwd=project,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(project / "src")})
-    assert made.returncode == 0, made.stderr[-2000:]
+    # as the README runs a whole study: every study stage's jobs at once (the fan-out writes the
+    # profile's pipeline, brings prepare and fingerprint up to date and records each stage in
+    # dvc.lock), then `dvc repro` for the rest, which must find no study stage left to run
+    fanned = _python(project, "pipelines.fanout", "paper")
+    assert fanned.returncode == 0, fanned.stdout[-6000:] + fanned.stderr[-4000:]
+    assert fanned.stdout.count("written and recorded in its dvc.lock") == len(paper["schemes"]), fanned.stdout
     run = _dvc(project, "repro", "profiles/paper/dvc.yaml")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-4000:]
+    ran = "Running stage 'profiles/paper/dvc.yaml:"
+    assert f"{ran}tables'" in run.stdout and f"{ran}study@" not in run.stdout, run.stdout
 
     base = project / "profiles/paper"
     schemes = set(paper["schemes"])
