@@ -4,6 +4,7 @@ renders, so that no time in the README is typed by hand.
     python -m pipelines.measure quickstart     # `python train.py`: its seconds and its final val ppl
     python -m pipelines.measure tests          # plain `pytest`, then the full suite (.ci/run's command)
     python -m pipelines.measure pytest         # one of them
+    python -m pipelines.measure full --output full.log   # and keep what the command printed
     python -m pipelines.report                 # then: the README's blocks from the new records
 
 Each measurement clones HEAD into a folder beside the project (so that ``../shared/data`` is
@@ -71,8 +72,9 @@ def last_words(name: str, clone: Path, output: str) -> str:
     return counts[-1] if counts else output.strip().splitlines()[-1][:200]
 
 
-def measure(name: str, root: Path = ROOT) -> dict:
-    """Run ``name``'s command on a fresh clone of HEAD and return its record."""
+def measure(name: str, root: Path = ROOT, output: Path | None = None) -> dict:
+    """Run ``name``'s command on a fresh clone of HEAD and return its record; what the command
+    printed (stdout, then stderr) goes to ``output`` too, when given."""
     from posenc.machine import machine
 
     what, command = WHAT[name]
@@ -86,6 +88,8 @@ def measure(name: str, root: Path = ROOT) -> dict:
         out = subprocess.run([sys.executable if command[0] == "python" else command[0], *command[1:]], cwd=clone,
                              env=env, capture_output=True, text=True)
         seconds = time.time() - t0
+        if output is not None:
+            output.write_text(out.stdout + out.stderr)
         if out.returncode != 0:
             raise SystemExit(f"measure {name}: `{' '.join(command)}` exited {out.returncode}:\n{out.stdout[-2000:]}"
                              f"{out.stderr[-2000:]}")
@@ -104,11 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.measure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=[*WHAT, *GROUPS], help="what to measure")
+    p.add_argument("--output", type=Path, help="keep what each command printed: <output> for one, "
+                   "<stem>-<name><suffix> for each of a group")
     a = p.parse_args(argv)
     from posenc.files import write_json
 
-    for name in GROUPS.get(a.what, [a.what]):
-        record = measure(name)
+    names = GROUPS.get(a.what, [a.what])
+    for name in names:
+        output = a.output if a.output is None or len(names) == 1 else \
+            a.output.with_name(f"{a.output.stem}-{name}{a.output.suffix}")
+        record = measure(name, output=output)
         write_json(ROOT / RECORDS / f"{name}.json", record)
         print(f"{name}: {record['seconds']:.0f} s, {record['said']} ({record['cpu']}, {record['cores']} cores, load "
               f"{record['load'][0]} before) -> {RECORDS}/{name}.json; `python -m pipelines.report` puts it in the README")

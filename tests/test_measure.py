@@ -13,8 +13,8 @@ from .test_report import project_copy
 
 
 def test_the_full_suite_is_the_command_ci_runs():
-    assert measure.ci_command() == ["python", "-m", "pytest", "--full", "-n", "auto"]
-    assert ".venv/bin/python -m pytest --full -n auto" in (REPO / ".ci/run").read_text().splitlines()[-1]
+    assert measure.ci_command() == ["python", "-m", "pytest", "--full", "-n", "auto", "--durations=30"]
+    assert ".venv/bin/python -m pytest --full -n auto --durations=30" in (REPO / ".ci/run").read_text().splitlines()[-1]
     assert measure.WHAT["pytest"][1] == ["python", "-m", "pytest", "-q"]  # plain pytest: the fast tier
 
 
