@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -174,12 +175,30 @@ FAST = [
 ]
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An SQLite store with MLflow's schema and nothing in it, made once per session (per
+    worker): MLflow builds the schema in seconds (its migrations, one by one), and opens a
+    copy of it in a tenth of one. What a run makes in it is what it makes in a store it
+    creates itself: the same MLflow makes the same schema."""
+    import mlflow
+
+    from posenc.tracking import sqlite_uri
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    mlflow.MlflowClient(sqlite_uri(db)).search_experiments()
+    return db
+
+
 @pytest.fixture
-def make_cfg(tmp_path, data_root, cache_dir):
-    """compose(overrides) with the project root in tmp_path and the shared cache."""
+def make_cfg(tmp_path, data_root, cache_dir, empty_store):
+    """compose(overrides) with the project root in tmp_path and the shared cache; the project's
+    default MLflow store (``<root>/mlflow.db``) starts as a copy of ``empty_store``."""
 
     def make(*overrides: str):
         base = [f"paths.root={tmp_path}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}"]
+        if not (tmp_path / "mlflow.db").exists():
+            shutil.copy(empty_store, tmp_path / "mlflow.db")
         return compose(base + FAST + list(overrides))
 
     return make

@@ -25,14 +25,6 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> Path:
-    """An SQLite store with MLflow's schema, made once: building the schema takes seconds."""
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    mlflow.MlflowClient(sqlite_uri(db)).search_experiments()
-    return db
-
-
 def _store(root: Path, empty_store: Path) -> tuple[str, mlflow.MlflowClient, str]:
     shutil.copy(empty_store, root / "mlflow.db")
     uri = sqlite_uri(root / "mlflow.db")
