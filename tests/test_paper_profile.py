@@ -19,10 +19,7 @@ and checked (``check_config``), without training.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml

@@ -10,8 +10,6 @@ cannot go unchecked."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -22,7 +20,7 @@ from posenc.errors import ConfigError
 from posenc.resume import IDENTITY_KEYS, RESUMABLE
 from posenc.train import train
 
-from .conftest import FAST, REPO, cli_env, cli_overrides
+from .conftest import FAST, cli_overrides
 from .test_train import _cli, runs_of
 from .test_user_path import snapshot
 
@@ -105,9 +103,7 @@ def test_the_settings_that_used_to_start_a_run_are_refused_in_one_line(tmp_path,
 
     if bad == "trainer=gpu" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-c", SAYS_IF_LIGHTNING, str(REPO / "train.py"), *cli_overrides(cache_dir), bad],
-                       cwd=tmp_path, env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True,
-                       timeout=600)
+    r = _cli(tmp_path, data_root, cache_dir, *cli_overrides(cache_dir), bad, wrapper=SAYS_IF_LIGHTNING)
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [f"error: {says}"]
     assert [p for p in tmp_path.rglob("*")] == []  # no run folder, no cache folder, no MLflow store

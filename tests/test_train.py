@@ -111,9 +111,11 @@ def test_failure_during_fit_marks_run_failed(make_cfg, tmp_path):
     assert run.info.status == "FAILED"
 
 
-def _cli(tmp_path, data_root, cache_dir, *args, timeout=600):
+def _cli(tmp_path, data_root, cache_dir, *args, timeout=600, wrapper: str | None = None):
+    """``python train.py <args>`` in ``tmp_path``; with ``wrapper``, ``python -c <wrapper> train.py
+    <args>`` (a script that watches the run in its own process, then runs train.py itself)."""
     return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
+        [sys.executable, *(("-c", wrapper) if wrapper else ()), str(REPO / "train.py"), *args],
         cwd=tmp_path,
         env=cli_env(tmp_path, data_root, cache_dir),
         capture_output=True,

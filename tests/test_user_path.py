@@ -300,10 +300,8 @@ def test_a_run_composes_its_config_once_and_checks_it_once(tmp_path, data_root, 
     one task object serves the checks, the data and the module; the run trains and its folder holds Hydra's record of that config. (Before:
     four compositions, the one-line refusals' two and Hydra's wrapper's two, one of them to
     read the mode; two checks; three task objects.)"""
-    r = subprocess.run([sys.executable, "-c", COUNTED, str(REPO / "train.py"), "encoding=alibi",
-                        *cli_overrides(cache_dir), "logger=null", "trainer.max_steps=2", "trainer.val_check_interval=2"],
-                       cwd=tmp_path, env=cli_env(tmp_path, data_root, cache_dir), capture_output=True, text=True,
-                       timeout=600)
+    r = _cli(tmp_path, data_root, cache_dir, "encoding=alibi", *cli_overrides(cache_dir), "logger=null",
+             "trainer.max_steps=2", "trainer.val_check_interval=2", wrapper=COUNTED)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "COUNTED 1 1 1" in r.stderr.splitlines(), r.stderr[-1000:]
     (run,) = [p.parent for p in tmp_path.rglob("metrics.json")]
