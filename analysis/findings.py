@@ -199,6 +199,39 @@ def fairness(default, profiles: Mapping[str, object], default_rate: str, margins
     return {"lm_best": lm_best, "mlm_best": mlm_best, "taus": taus, "findings": findings, "growth": growth}
 
 
+#: the budget criterion: a scheme has converged at S steps when doubling them improves its
+#: validation quality at L by less than this (perplexity down, masked-LM accuracy up; a fraction)
+CONVERGED = 0.02
+
+
+def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict:
+    """The budget curve: studies trained alike but for their steps ({steps: Study}, one learning
+    rate), each scheme's validation perplexity at L (causal LM, ``ppl_at_l``) and accuracy (masked
+    LM, ``accuracy``) by steps, and for each budget S whose double 2S is there, the gain of
+    doubling: 1 - ppl(2S) / ppl(S) for the causal LM, acc(2S) / acc(S) - 1 for the masked LM (a
+    positive gain is an improvement). A scheme has converged at S when its gain from S to 2S is
+    below ``criterion``; ``converged`` names the first such S (None when no doubling meets it),
+    ``met`` / ``not_met`` the schemes at the largest budget whose double is there.
+    {task: {"by_steps": {scheme: {steps: value}}, "gains": {scheme: {steps: gain}},
+    "converged": {scheme: S or None}, "at": S, "met": [...], "not_met": [...]}}, task "lm" / "mlm"."""
+    steps = sorted(by_steps)
+    out: dict = {"criterion": criterion, "steps": steps}
+    for task, read, lower in (("lm", ppl_at_l, True), ("mlm", accuracy, False)):
+        values: dict[str, dict[int, float]] = {}
+        for n in steps:
+            for s, v in read(by_steps[n]).items():
+                values.setdefault(s, {})[n] = v
+        gains = {s: {n: (1 - v[2 * n] / v[n]) if lower else (v[2 * n] / v[n] - 1) for n in v if 2 * n in v}
+                 for s, v in sorted(values.items())}
+        doubled = [n for n in steps if 2 * n in steps]
+        at = doubled[-1] if doubled else None
+        out[task] = {"by_steps": dict(sorted(values.items())), "gains": gains,
+                     "converged": {s: next((n for n in sorted(g) if g[n] < criterion), None) for s, g in gains.items()},
+                     "at": at, "met": [s for s, g in gains.items() if at in g and g[at] < criterion],
+                     "not_met": [s for s, g in gains.items() if at in g and g[at] >= criterion]}
+    return out
+
+
 def _ratio_of(study, s: str) -> list[float]:
     e = study.lm.get(s) or {}
     return list(e.get("ratio_longest", {}).get("values") or [])

@@ -1,8 +1,10 @@
-"""The fairness profiles' figure: each scheme's validation perplexity at L against the learning
-rate it was trained at (``profiles/fairness-lr<rate>/``, one seed a rate, 4x the default
+"""The fairness and budget profiles' figures. ``plot_rates``: each scheme's validation perplexity
+at L against the learning rate it was trained at (``profiles/fairness-lr<rate>/``, one seed a rate, 4x the default
 steps), a line per scheme in its colour and marker (``analysis.style``), a panel per family,
-each scheme's best rate filled. It reads ``analysis.findings.fairness``'s ``lm_best``
-({scheme: {"rate", "by_rate": {rate: ppl}}}).
+each scheme's best rate filled, from ``analysis.findings.fairness``'s ``lm_best``
+({scheme: {"rate", "by_rate": {rate: ppl}}}). ``plot_budget``: the same against the steps at one
+rate (``profiles/budget-steps<n>/`` beside the fairness profile at that rate), each scheme's
+converged budget filled, from ``analysis.findings.budget``.
 """
 
 from __future__ import annotations
@@ -18,16 +20,42 @@ def plot_rates(best: Mapping[str, Mapping], stem: str | Path, steps: int, defaul
     """Perplexity at L against the learning rate (log axis), a panel per family; ``steps`` the
     profiles' causal-LM steps (the title says them), ``default_rate`` the default study's rate
     (a dotted line)."""
+    note = f"; dotted: the default study's rate {default_rate}" if default_rate is not None else ""
+    return _curves({s: b["by_rate"] for s, b in best.items()}, {s: b["rate"] for s, b in best.items()}, stem,
+                   "learning rate", None if default_rate is None else float(default_rate),
+                   f"Perplexity at L against the learning rate, {steps} causal-LM steps, one seed a rate "
+                   f"(filled: each scheme's best rate{note})",
+                   "no fairness profile has results (python -m pipelines.profile fairness-lr<rate>)")
+
+
+def plot_budget(curve: Mapping, stem: str | Path, rate: str | None, default_steps: int | None = None) -> list[Path]:
+    """Perplexity at L against the causal-LM steps (log axis), a panel per family, from
+    ``analysis.findings.budget``'s ``lm`` block: filled, the budget each scheme has converged at
+    (doubling it improves its perplexity by less than the criterion); ``default_steps`` the
+    default study's (a dotted line)."""
+    lm = curve.get("lm", {}) if curve else {}
+    crit = f"{100 * curve['criterion']:g}%" if curve else ""
+    return _curves(lm.get("by_steps", {}), {s: n for s, n in lm.get("converged", {}).items() if n is not None}, stem,
+                   "causal-LM steps", default_steps,
+                   f"Perplexity at L against the steps, learning rate {rate}, one seed a budget (filled: the first "
+                   f"budget whose doubling improves it by less than {crit}; dotted: the default study's steps)",
+                   "no budget profile has results (python -m pipelines.profile budget-steps<n>)")
+
+
+def _curves(curves: Mapping[str, Mapping], marked: Mapping[str, object], stem: str | Path, xlabel: str,
+            vline: float | None, title: str, empty: str) -> list[Path]:
+    """Validation perplexity at L against ``xlabel`` (log axis): ``curves`` {scheme: {x: ppl}} (x
+    a number or its text), a line per scheme in its colour and marker, a panel per family, the
+    point at ``marked[scheme]`` filled, a dotted line at ``vline``; without curves, ``empty``."""
     import matplotlib.pyplot as plt
 
     from posenc.files import save_figure
 
-    names = list(best)
-    if not names:  # no fairness profile has results: the figure says so
+    names = list(curves)
+    if not names:  # no profile has results: the figure says so
         fig, ax = plt.subplots(figsize=(6, 1.5))
         ax.axis("off")
-        ax.text(0.5, 0.5, "no fairness profile has results (python -m pipelines.profile fairness-lr<rate>)",
-                ha="center", va="center")
+        ax.text(0.5, 0.5, empty, ha="center", va="center")
         return save_figure(fig, stem)
     families = by_family(names)
     st = styles(names)
@@ -35,19 +63,20 @@ def plot_rates(best: Mapping[str, Mapping], stem: str | Path, steps: int, defaul
     rows = math.ceil(len(families) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, sharex=True,
                              layout="constrained")
-    rates = sorted({float(r) for b in best.values() for r in b["by_rate"]})
+    xs_all = sorted({float(x) for c in curves.values() for x in c} | ({float(vline)} if vline is not None else set()))
     for ax, (fam, members) in zip(axes.flat, families.items()):
         for s in members:
-            by = best[s]["by_rate"]
+            by = curves[s]
             xs = sorted(by, key=float)
             kw = st[s].line_kws()
-            ax.plot([float(r) for r in xs], [by[r] for r in xs], label=s, color=kw["color"], marker=st[s].marker,
+            ax.plot([float(x) for x in xs], [by[x] for x in xs], label=s, color=kw["color"], marker=st[s].marker,
                     markerfacecolor="white", lw=1.4)
-            ax.plot([float(best[s]["rate"])], [by[best[s]["rate"]]], marker=st[s].marker, color=kw["color"], ls="none")
-        if default_rate is not None:
-            ax.axvline(float(default_rate), color="0.5", ls=":", lw=1)
+            if marked.get(s) in by:
+                ax.plot([float(marked[s])], [by[marked[s]]], marker=st[s].marker, color=kw["color"], ls="none")
+        if vline is not None:
+            ax.axvline(float(vline), color="0.5", ls=":", lw=1)
         ax.set_xscale("log")
-        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
         ax.tick_params(labelbottom=True)  # a panel with no visible panel under it keeps its labels
         ax.minorticks_off()
         ax.set_title(fam, fontsize=9)
@@ -58,8 +87,6 @@ def plot_rates(best: Mapping[str, Mapping], stem: str | Path, steps: int, defaul
     for ax in axes[:, 0]:
         ax.set_ylabel("validation ppl at L")
     for ax in axes[-1, :]:
-        ax.set_xlabel("learning rate")
-    note = f"; dotted: the default study's rate {default_rate}" if default_rate is not None else ""
-    fig.suptitle(f"Perplexity at L against the learning rate, {steps} causal-LM steps, one seed a rate "
-                 f"(filled: each scheme's best rate{note})", fontsize=10)
+        ax.set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=10)
     return save_figure(fig, stem, bbox_inches="tight")

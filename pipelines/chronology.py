@@ -12,11 +12,20 @@ finds the first commit that added one of its results files (``RESULTS``). A choi
 *before* its table's results when its commit is an ancestor of that first results commit,
 *the same commit* when it is that commit, and *after* otherwise. Only committed history counts:
 commit ``params.yaml`` before running this stage.
+
+``plan`` says whether the study is confirmatory: its analysis plan (``PLAN``, a YAML file whose
+``fixes`` maps params.yaml keys to the values the plan fixes: references, margins, seeds,
+lengths, the primary hypotheses, the rate and the budget) is committed; params.yaml holds every
+value the plan fixes; and every study stage's runs were made in a checkout whose HEAD
+(``git.head`` of ``results/runs/<scheme>.json``) is the plan's last commit or comes after it. A
+plan changed after the runs has a later last commit, so those runs fail the last check. Where
+any check fails the study is exploratory, and the problems say why.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -54,6 +63,8 @@ RESULTS = {
                   "profiles/retrieval-seeds/results/retrieval_table.json"),
 }
 MISSING = object()
+#: the analysis plan of a confirmatory study, committed before its first run (``plan``)
+PLAN = "plan.yaml"
 
 
 def git(*args: str, root: Path = ROOT) -> str:
@@ -159,14 +170,63 @@ def chronology(root: Path = ROOT) -> dict:
             "after": sum(c["relation"] != "before" for c in choices), "of": len(choices)}
 
 
+def plan(root: Path = ROOT, params: str = "params.yaml") -> dict:
+    """The analysis plan's commit and whether the study is confirmatory (the module's docstring):
+    {"file", "commit" (sha, date, subject; None when not committed), "fixes" (how many keys),
+    "runs" (study records checked), "confirmatory", "problems": [why not, one line each]}."""
+    from .commits import is_ancestor
+
+    out = {"file": PLAN, "commit": None, "fixes": 0, "runs": 0, "confirmatory": False, "problems": []}
+    problems = out["problems"]
+    if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True).returncode:
+        problems.append("the project has no commit: nothing can date a plan or a run")
+        return out
+    last = git("log", "-1", "--format=%H%x00%aI%x00%s", "--", PLAN, root=root).strip()
+    if not last:
+        problems.append(f"no analysis plan ({PLAN}) is committed")
+        return out
+    out["commit"] = _commit(last)
+    if git("status", "--porcelain", "--", PLAN, root=root).strip():
+        problems.append(f"{PLAN} has changes not committed: the plan is not the committed one")
+    fixes = (yaml.safe_load(git("show", f"{out['commit']['sha']}:{PLAN}", root=root)) or {}).get("fixes") or {}
+    out["fixes"] = len(fixes)
+    if not fixes:
+        problems.append(f"{PLAN} fixes no setting (its `fixes:` is empty)")
+    settings = yaml.safe_load((root / params).read_text()) or {}
+    for key, planned in fixes.items():
+        value = lookup(settings, (key,))
+        if value is MISSING or value != planned:
+            problems.append(f"{params}'s {key} is {'not set' if value is MISSING else repr(value)}, the plan fixes "
+                            f"{planned!r}")
+    for scheme in settings.get("schemes") or {}:
+        record = root / (Path(params).parent / "results" / "runs" / f"{scheme}.json")
+        if not record.exists():
+            problems.append(f"study@{scheme} has no record ({record.relative_to(root)}): its runs are not made")
+            continue
+        out["runs"] += 1
+        head = (json.loads(record.read_text()).get("git") or {}).get("head")
+        if not head or not is_ancestor(root, out["commit"]["sha"], head):
+            problems.append(f"study@{scheme}'s runs were made at {head[:10] if head else 'no commit'}, not at or after "
+                            f"the plan's commit {out['commit']['sha'][:10]}")
+    out["confirmatory"] = not problems
+    return out
+
+
+def record(root: Path = ROOT) -> dict:
+    """What the stage writes: the chronology and the plan's check."""
+    return chronology(root) | {"plan": plan(root)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.chronology", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/chronology.json")
     a = p.parse_args(argv)
-    out = chronology()
+    out = record()
     write_json(a.out, out)
-    print(f"wrote {a.out}: {out['after']} of {out['of']} choices set after (or with) their table's first results")
+    print(f"wrote {a.out}: {out['after']} of {out['of']} choices set after (or with) their table's first results; "
+          f"the study is {'confirmatory' if out['plan']['confirmatory'] else 'exploratory'}"
+          + "".join(f"\n  {p}" for p in out["plan"]["problems"]))
     return 0
 
 

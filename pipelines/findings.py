@@ -15,12 +15,15 @@ has results) and the fairness profiles (``profiles/fairness-lr<rate>/``). Writes
 * ``fairness``: each scheme's best rate, Kendall's τ of the orderings, the default study's
   decided findings at the tuned, longer budget (direction and size against the margin), the
   ratios at both budgets and what the longer budget would cost the default study;
+* ``budget``: the budget profiles (``profiles/budget-steps<n>/``) beside the fairness profile at
+  their rate, each scheme's validation quality at L by steps, what doubling the steps gains, and
+  the budget where that gain falls below the criterion (``analysis.findings.budget``);
 * ``power`` and ``seeds``: what each family decides with its seeds, and with fewer;
 * ``ratio_and_absolute``: where the ratio and the absolute perplexity at the longest length
   give different verdicts.
 
-The figure (``--figure``, .png and .svg) is perplexity at L against the learning rate, a line
-per scheme (``analysis.rates``).
+The figures (.png and .svg): ``--figure``, perplexity at L against the learning rate, and
+``--budget-figure``, against the steps, a line per scheme (``analysis.rates``).
 """
 
 from __future__ import annotations
@@ -52,10 +55,47 @@ def _t5(study: Study, retrieval: Study, longer: Study | None) -> dict:
     return out
 
 
+def _rate(study: Study) -> str | None:
+    """The learning rate a study's ``common`` overrides set (``optim.lr=<rate>``), as written there."""
+    common = study.params["common"]
+    return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
+
+
+#: what a budget profile may change against the fairness profile at its rate: the steps alone
+BUDGET_KEYS = ("steps", "validate_every")
+
+
+def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
+    """The budget block: the budget profiles (``profiles/budget-steps<n>/``, one rate) beside the
+    fairness profile at their rate, by causal-LM steps (``analysis.findings.budget``); None without
+    a budget profile. Refuses profiles at different rates, or one that differs from the fairness
+    profile in more than its steps."""
+    if not budgets:
+        return None
+    rates = {_rate(b) for b in budgets}
+    if len(rates) != 1 or None in rates:
+        raise SystemExit(f"the budget profiles set different learning rates ({sorted(map(str, rates))}): one curve "
+                         f"needs one rate")
+    rate = rates.pop()
+    curve = ([fair[rate]] if rate in fair else []) + budgets
+    for b in curve[1:]:
+        for table in ("lm", "mlm"):
+            mine, theirs = b.spec(table), curve[0].spec(table)
+            other = [k for k in mine if k not in BUDGET_KEYS and mine[k] != theirs.get(k)]
+            if other:
+                raise SystemExit(f"{b.name}: the runs of its {table} table differ from {curve[0].name}'s in {other}, "
+                                 f"not in their steps alone: the budget curve compares budgets only")
+    by_steps = {b.spec("lm")["steps"]: b for b in curve}
+    if len(by_steps) != len(curve) or any(b.spec("mlm")["steps"] != b.spec("lm")["steps"] for b in curve):
+        raise SystemExit(f"the budget curve's studies ({', '.join(b.name for b in curve)}) need one causal- and "
+                         f"masked-LM budget each, and a different one from each other")
+    return {**findings.budget(by_steps), "rate": rate, "profiles": {n: b.name for n, b in sorted(by_steps.items())}}
+
+
 def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
     """The fairness block (see the module doc), or None without the profile at the default rate."""
     P = study.params
-    rate = P["common"].split("optim.lr=")[1].split()[0] if "optim.lr=" in P["common"] else None
+    rate = _rate(study)
     if rate not in profiles:
         return None
     margins = {"lm": P["lm_table"]["margin"], "mlm": P["mlm_table"]["margin"]}
@@ -153,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retrieval", default="retrieval-seeds", help="the profile the retrieval findings read")
     p.add_argument("--out", default="results/findings.json")
     p.add_argument("--figure", default="figures/fairness", help="the fairness figure's stem (.png and .svg)")
+    p.add_argument("--budget-figure", default="figures/budget", help="the budget figure's stem (.png and .svg)")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)  # tests run it on a copy
     a = p.parse_args(argv)
     root = Path(a.root)
@@ -161,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     retrieval = seeds if seeds.has("retrieval") else study
     fair = {d.name[len("fairness-lr"):]: Study(d, d.name) for d in sorted((root / "profiles").glob("fairness-lr*"))
             if (d / "results" / "lm_table.json").exists()}
+    budgets = [Study(d, d.name) for d in sorted((root / "profiles").glob("budget-steps*"))
+               if (d / "results" / "lm_table.json").exists()]
     P, top = study.params, study.top
     fairness = _fairness(study, fair)
     families = _families(study, retrieval)
@@ -173,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
            "flat": findings.flat_retrieval(study.lm, retrieval.retrieval, top, P["lm_table"]["reference"],
                                            P["lm_table"]["margin"], P["retrieval_table"]["margin"]),
            "fairness": fairness,
+           "budget": (budget := _budget(fair, budgets)),
            "power": findings.power(families), "seeds": _seeds(study, retrieval),
            "model": _model(P["model"]),
            "ratio_and_absolute": findings.ratio_and_absolute(study.lm, top),
@@ -180,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                e["bias"][e["reached"][-3]:e["reached"][-1] + 1])} for s, e in (study.buckets if study.has("buckets") else {}).items()
                if e.get("unreached") and len(e.get("reached", [])) >= 3}}
     write_json(a.out, out)
-    from analysis.rates import plot_rates
+    from analysis.rates import plot_budget, plot_rates
 
     plot_rates(fairness["lm_best"] if fairness else {}, a.figure, fairness["steps"]["lm"] if fairness else 0,
                fairness["rate"] if fairness else None)
-    print(f"wrote {a.out} and {a.figure}.png")
+    plot_budget(budget or {}, a.budget_figure, budget["rate"] if budget else None, study.spec("lm")["steps"])
+    print(f"wrote {a.out}, {a.figure}.png and {a.budget_figure}.png")
     return 0
 
 

@@ -192,7 +192,7 @@ default `dvc repro` never runs a profile: `python -m pipelines.profile <name>` r
 (analysis/papers.py, docs/literature.yaml)"""),
     Stage("findings",
           "python -m pipelines.findings --retrieval retrieval-seeds --out results/findings.json "
-          "--figure figures/fairness",
+          "--figure figures/fairness --budget-figure figures/budget",
           deps=["results/lm_table.json", "results/lm_pairs.json", "results/mlm_table.json",
                 "results/retrieval_table.json", "results/buckets.json", "results/timing.json", "analysis/findings.py",
                 "analysis/papers.py", "analysis/scales.py", "analysis/stats.py", "analysis/rates.py",
@@ -201,8 +201,10 @@ default `dvc repro` never runs a profile: `python -m pipelines.profile <name>` r
           params=["model", "common", "tasks", "primary", "report.bucket_control", "lm_table", "mlm_table",
                   "retrieval_table"],
           outs=[Out("results/findings.json", publish=True, name="findings"),
-                Out("figures/fairness.png", publish=True, report=True), Out("figures/fairness.svg", publish=True)],
-          about="primary hypotheses, controls, fairness, seeds and power (analysis/findings.py), the fairness figure"),
+                Out("figures/fairness.png", publish=True, report=True), Out("figures/fairness.svg", publish=True),
+                Out("figures/budget.png", publish=True, report=True), Out("figures/budget.svg", publish=True)],
+          about="primary hypotheses, controls, fairness, the budget, seeds and power (analysis/findings.py), the "
+                "fairness and budget figures"),
     Stage("scales",
           "python -m pipelines.scales --profiles scale wikitext-bytes --kendall scale --retrieval retrieval-seeds "
           "--out results/scales.json",
@@ -212,13 +214,16 @@ default `dvc repro` never runs a profile: `python -m pipelines.profile <name>` r
           outs=[Out("results/scales.json", publish=True, name="scales")],
           about="the default study's orderings and findings in the scale and corpus profiles (analysis/scales.py)"),
     Stage("chronology", "python -m pipelines.chronology --out results/chronology.json",
-          deps=["pipelines/chronology.py"],
+          deps=["pipelines/chronology.py", "pipelines/commits.py", "results/runs"],
           params=["lm_table", "mlm_table", "retrieval_table", "tasks", "primary"],
           outs=[Out("results/chronology.json", name="chronology")],
           about="""which analysis choices (references, margins, seeds, the primary hypotheses) came after which
 results, from the committed history (git log of params.yaml, the retrieval-seeds profile's
 params and the results files): commit params.yaml before running it. The profile's params are
-not declared (a project without the profile has none): its repro runs this stage again"""),
+not declared (a project without the profile has none): its repro runs this stage again. Also
+whether the study is confirmatory: an analysis plan (plan.yaml) committed before every study
+stage's runs (their records' git HEAD), its fixed settings held by params.yaml. The plan is read
+from git, like params.yaml, and is not declared (a study without one has none)"""),
     Stage("bench", "python -m posenc.bench ${bench.args} --no-progress --out-dir figures/bench",
           deps=["src/posenc/__init__.py", "src/posenc/bench", "src/posenc/machine.py", "src/posenc/files.py",
                 "src/posenc/attention", "src/posenc/compiling.py", "src/posenc/model.py", "src/posenc/ranges.py",

@@ -26,7 +26,7 @@ def git(*args: str) -> str:
 def made():
     if git("rev-parse", "--is-shallow-repository").strip() == "true":
         pytest.fail("the chronology needs the whole history: a shallow clone has not got it (git fetch --unshallow)")
-    return chronology.chronology(REPO)
+    return chronology.record(REPO)
 
 
 def _value(sha: str, path: str, keys):
@@ -93,3 +93,67 @@ def test_no_file_claims_a_choice_before_the_data_that_the_chronology_does_not_su
     found = subprocess.run(["git", "grep", "-n", "-i", "-E", pattern, "--", ".", ":!tests/test_chronology.py"],
                            cwd=REPO, capture_output=True, text=True).stdout
     assert found == ""
+
+
+def _repo(tmp_path):
+    """A project in a git repository of its own, two schemes, nothing committed yet."""
+    def run(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    run("init", "-q")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"schemes": {"a": {}, "b": {}}, "lm_table": {"reference": "a", "margin": 0.05}}))
+    return run
+
+
+def _commit(run, message: str) -> str:
+    run("add", "-A")
+    run("commit", "-qm", message)
+    return run("rev-parse", "HEAD")
+
+
+def _records(root, head: str) -> None:
+    """Both study stages' records, as made in a checkout at ``head`` (``pipelines.commits.made_at``)."""
+    (root / "results" / "runs").mkdir(parents=True, exist_ok=True)
+    for s in ("a", "b"):
+        (root / "results" / "runs" / f"{s}.json").write_text(json.dumps({"git": {"head": head, "commit": head}}))
+
+
+def test_a_study_is_confirmatory_only_with_a_plan_committed_before_every_run_and_held_by_params(tmp_path):
+    """``plan``: checked against the git history of a project made here. No plan: exploratory.
+    A plan committed, then runs made after it: confirmatory. The plan changed after the runs, a
+    run made before it, a planned setting params.yaml no longer holds, a plan edited and not
+    committed: each makes the study exploratory, and says so."""
+    run = _repo(tmp_path)
+    start = _commit(run, "the project")
+    _records(tmp_path, start)
+    none = chronology.plan(tmp_path)
+    assert not none["confirmatory"] and none["commit"] is None and "no analysis plan" in none["problems"][0]
+
+    (tmp_path / chronology.PLAN).write_text(yaml.safe_dump({"fixes": {"lm_table.reference": "a",
+                                                                      "lm_table.margin": 0.05}}))
+    planned = _commit(run, "the plan")
+    before = chronology.plan(tmp_path)  # the records are still those made at the first commit
+    assert not before["confirmatory"] and before["commit"]["sha"] == planned and before["fixes"] == 2
+    assert before["problems"] == [(f"study@{s}'s runs were made at {start[:10]}, not at or after the plan's commit "
+                                   f"{planned[:10]}") for s in ("a", "b")]
+
+    _records(tmp_path, planned)  # the study run at the plan's commit, its records committed after it
+    _commit(run, "the study")
+    good = chronology.plan(tmp_path)
+    assert good["confirmatory"] and good["problems"] == [] and good["runs"] == 2
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"schemes": {"a": {}, "b": {}}, "lm_table": {"reference": "b", "margin": 0.05}}))
+    moved = chronology.plan(tmp_path)
+    assert not moved["confirmatory"] and moved["problems"] == ["params.yaml's lm_table.reference is 'b', the plan "
+                                                               "fixes 'a'"]
+    run("checkout", "--", "params.yaml")
+
+    (tmp_path / chronology.PLAN).write_text(yaml.safe_dump({"fixes": {"lm_table.reference": "a"}}))
+    assert "plan.yaml has changes not committed" in chronology.plan(tmp_path)["problems"][0]
+    changed = _commit(run, "the plan changed after the runs")
+    late = chronology.plan(tmp_path)
+    assert not late["confirmatory"] and late["commit"]["sha"] == changed
+    assert all(p.startswith(("study@a", "study@b")) and changed[:10] in p for p in late["problems"])

@@ -130,3 +130,59 @@ def test_the_primary_hypotheses_are_the_tables_own_families():
     assert out[2]["tests"] == mlm["tests"] and out[3]["tests"] == {"x": {"verdict": "undecided"}}
     with pytest.raises(ValueError, match="family 'other'"):
         findings.primary([{"name": "o", "family": "other"}], lm, pairs, mlm, ret)
+
+
+def test_the_budget_curve_finds_where_doubling_the_steps_stops_paying():
+    """``budget``: three budgets at one rate; alibi gains 10% from 1000 to 2000 steps and 1% from
+    2000 to 4000 (converged at 2000), none 10% then 5% (not converged at the largest doubling);
+    the masked LM's gain is the relative rise of accuracy. The gains are the hand-computed
+    1 - ppl(2S)/ppl(S) and acc(2S)/acc(S) - 1."""
+    def at(ppl: dict, acc: dict):
+        return SimpleNamespace(lm=_lm({s: [1.0] for s in ppl}, ppl),
+                               mlm={"summary": {s: {"acc": [a], "acc_mean": a} for s, a in acc.items()}})
+
+    by_steps = {1000: at({"alibi": 10.0, "none": 20.0}, {"none": 0.40}),
+                2000: at({"alibi": 9.0, "none": 18.0}, {"none": 0.404}),
+                4000: at({"alibi": 8.91, "none": 17.1}, {"none": 0.40804})}
+    out = findings.budget(by_steps, criterion=0.02)
+    lm = out["lm"]
+    assert out["steps"] == [1000, 2000, 4000] and lm["at"] == 2000
+    assert lm["by_steps"]["alibi"] == {1000: 10.0, 2000: 9.0, 4000: 8.91}
+    assert lm["gains"]["alibi"] == {1000: pytest.approx(0.10), 2000: pytest.approx(0.01)}
+    assert lm["gains"]["none"] == {1000: pytest.approx(0.10), 2000: pytest.approx(0.05)}
+    assert lm["converged"] == {"alibi": 2000, "none": None}
+    assert lm["met"] == ["alibi"] and lm["not_met"] == ["none"]
+    mlm = out["mlm"]
+    assert mlm["gains"]["none"] == {1000: pytest.approx(0.01), 2000: pytest.approx(0.01)}
+    assert mlm["converged"] == {"none": 1000} and mlm["met"] == ["none"]
+    # a gain exactly at the criterion has not converged; a budget with no double gives no gain
+    edge = findings.budget({1000: at({"a": 8.0}, {}), 2000: at({"a": 6.0}, {})}, criterion=0.25)
+    assert edge["lm"]["gains"]["a"] == {1000: 0.25} and edge["lm"]["converged"] == {"a": None}
+    assert edge["lm"]["not_met"] == ["a"]
+    assert findings.budget({1000: at({"a": 10.0}, {})})["lm"] == {
+        "by_steps": {"a": {1000: 10.0}}, "gains": {"a": {}}, "converged": {"a": None}, "at": None, "met": [],
+        "not_met": []}
+
+
+def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps():
+    """``pipelines.findings._budget``: the fairness profile at the budget profiles' rate joins the
+    curve; budget profiles at two rates, or one whose runs differ in more than their steps (here
+    its batch), are refused naming why; without a budget profile there is no curve."""
+    from pipelines.findings import _budget
+
+    def study(name: str, rate: str, steps: int, batch: int = 16, ppl: float = 8.0):
+        spec = {"seeds": "0", "seq_len": 64, "batch_size": batch, "steps": steps, "validate_every": steps}
+        s = SimpleNamespace(name=name, params={"common": f"optim.lr={rate}"}, lm=_lm({"a": [1.0]}, {"a": ppl}),
+                            mlm={"summary": {"a": {"acc": [0.5], "acc_mean": 0.5}}})
+        s.spec = lambda table: spec
+        return s
+
+    fair = {"1e-2": study("fairness-lr1e-2", "1e-2", 2000, ppl=8.0), "3e-3": study("fairness-lr3e-3", "3e-3", 2000)}
+    out = _budget(fair, [study("budget-steps4000", "1e-2", 4000, ppl=7.6)])
+    assert out["rate"] == "1e-2" and out["profiles"] == {2000: "fairness-lr1e-2", 4000: "budget-steps4000"}
+    assert out["lm"]["gains"]["a"] == {2000: pytest.approx(0.05)} and out["lm"]["not_met"] == ["a"]
+    assert _budget(fair, []) is None
+    with pytest.raises(SystemExit, match="different learning rates"):
+        _budget(fair, [study("budget-steps4000", "1e-2", 4000), study("budget-steps8000", "3e-3", 8000)])
+    with pytest.raises(SystemExit, match=r"budget-steps4000: the runs of its lm table differ .* \['batch_size'\]"):
+        _budget(fair, [study("budget-steps4000", "1e-2", 4000, batch=32)])
