@@ -211,8 +211,11 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
     doubling: 1 - ppl(2S) / ppl(S) for the causal LM, acc(2S) / acc(S) - 1 for the masked LM (a
     positive gain is an improvement). A scheme has converged at S when its gain from S to 2S is
     below ``criterion``; ``converged`` names the first such S (None when no doubling meets it),
-    ``met`` / ``not_met`` the schemes at the largest budget whose double is there.
-    {task: {"by_steps": {scheme: {steps: value}}, "gains": {scheme: {steps: gain}},
+    ``met`` / ``not_met`` the schemes at the largest budget whose double is there. ``tau``: for
+    each doubling, Kendall's τ between the schemes' orders at S and at 2S (``analysis.scales.
+    compare``; one seed a budget, so no interval) of the task's quantity, and at the top level
+    (``ratio_tau``) the same for the causal LM's ratio ppl(kL) / ppl(L) at the longest length.
+    {task: {"by_steps": {scheme: {steps: value}}, "gains": {scheme: {steps: gain}}, "tau": {S: ...},
     "converged": {scheme: S or None}, "at": S, "met": [...], "not_met": [...]}}, task "lm" / "mlm"."""
     steps = sorted(by_steps)
     out: dict = {"criterion": criterion, "steps": steps}
@@ -225,7 +228,14 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
                  for s, v in sorted(values.items())}
         doubled = [n for n in steps if 2 * n in steps]
         at = doubled[-1] if doubled else None
-        out[task] = {"by_steps": dict(sorted(values.items())), "gains": gains,
+        tau = {n: kendall_compare({s: [v[n]] for s, v in values.items() if n in v},
+                                  {s: [v[2 * n]] for s, v in values.items() if 2 * n in v}, not lower)
+               for n in steps if 2 * n in steps}
+        if task == "lm":
+            ratio = {n: {s: _ratio_of(by_steps[n], s) for s in values} for n in steps}
+            out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False)
+                                for n in steps if 2 * n in steps}
+        out[task] = {"by_steps": dict(sorted(values.items())), "gains": gains, "tau": tau,
                      "converged": {s: next((n for n in sorted(g) if g[n] < criterion), None) for s, g in gains.items()},
                      "at": at, "met": [s for s, g in gains.items() if at in g and g[at] < criterion],
                      "not_met": [s for s, g in gains.items() if at in g and g[at] >= criterion]}

@@ -160,8 +160,14 @@ def test_the_budget_curve_finds_where_doubling_the_steps_stops_paying():
     assert edge["lm"]["gains"]["a"] == {1000: 0.25} and edge["lm"]["converged"] == {"a": None}
     assert edge["lm"]["not_met"] == ["a"]
     assert findings.budget({1000: at({"a": 10.0}, {})})["lm"] == {
-        "by_steps": {"a": {1000: 10.0}}, "gains": {"a": {}}, "converged": {"a": None}, "at": None, "met": [],
-        "not_met": []}
+        "by_steps": {"a": {1000: 10.0}}, "gains": {"a": {}}, "tau": {}, "converged": {"a": None}, "at": None,
+        "met": [], "not_met": []}
+    # the orders at S and 2S: Kendall's τ as scipy gives it for the same values (lower ppl first)
+    from scipy.stats import kendalltau
+
+    three = {1000: at({"a": 10.0, "b": 11.0, "c": 12.0}, {}), 2000: at({"a": 9.5, "b": 9.0, "c": 10.0}, {})}
+    assert findings.budget(three)["lm"]["tau"][1000]["tau"] == pytest.approx(
+        kendalltau([10.0, 11.0, 12.0], [9.5, 9.0, 10.0]).statistic)
 
 
 def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps():
