@@ -231,14 +231,13 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
         tau = {n: kendall_compare({s: [v[n]] for s, v in values.items() if n in v},
                                   {s: [v[2 * n]] for s, v in values.items() if 2 * n in v}, not lower)
                for n in steps if 2 * n in steps}
-        if task == "lm":
-            ratio = {n: {s: _ratio_of(by_steps[n], s) for s in values} for n in steps}
-            out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False)
-                                for n in steps if 2 * n in steps}
         out[task] = {"by_steps": dict(sorted(values.items())), "gains": gains, "tau": tau,
                      "converged": {s: next((n for n in sorted(g) if g[n] < criterion), None) for s, g in gains.items()},
                      "at": at, "met": [s for s, g in gains.items() if at in g and g[at] < criterion],
                      "not_met": [s for s, g in gains.items() if at in g and g[at] >= criterion]}
+    ratio = {n: {s: _ratio_of(by_steps[n], s) for s in out["lm"]["by_steps"]} for n in steps}
+    out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False)
+                        for n in steps if 2 * n in steps}
     return out
 
 
