@@ -265,7 +265,7 @@ class DistancePenalty(PositionalScheme):
 }
 #: what adding a scheme may change: its own stages and the summaries (bench: every scheme, side by side)
 ROUTE_STAGES = {"fingerprint", "study@penalty", "heatmaps@penalty", "correlations", "tables", "buckets", "figures", "retrieval",
-                "bench", "findings", "publish", "report"}
+                "bench", "findings", "chronology", "publish", "report"}
 #: what the route runs: the stages it lists, and the summaries across tables that read their new results
 RAN_STAGES = ROUTE_STAGES | {"papers", "scales"}
 SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png", "figures/correlations/overview.svg",
@@ -280,7 +280,7 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "results/retrieval_table.json", "results/tasks_table.json", "figures/tasks_table.md", "docs/results.md",
                    "README.md", "results/lm_pairs.json", "results/reach_summary.json", "results/papers.json",
                    "results/findings.json", "results/scales.json", "figures/fairness.png", "figures/fairness.svg", "figures/budget.png",
-                   "figures/budget.svg"} | {
+                   "figures/budget.svg", "results/chronology.json"} | {
                       f"results/times/{s}.json" for s in RAN_STAGES - {"report"}}
 
 
