@@ -218,6 +218,8 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
     {task: {"by_steps": {scheme: {steps: value}}, "gains": {scheme: {steps: gain}}, "tau": {S: ...},
     "converged": {scheme: S or None}, "at": S, "met": [...], "not_met": [...]}}, task "lm" / "mlm"."""
     steps = sorted(by_steps)
+    doubled = [n for n in steps if 2 * n in steps]  # the budgets whose double is there
+    at = doubled[-1] if doubled else None
     out: dict = {"criterion": criterion, "steps": steps}
     for task, read, lower in (("lm", ppl_at_l, True), ("mlm", accuracy, False)):
         values: dict[str, dict[int, float]] = {}
@@ -226,18 +228,15 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
                 values.setdefault(s, {})[n] = v
         gains = {s: {n: (1 - v[2 * n] / v[n]) if lower else (v[2 * n] / v[n] - 1) for n in v if 2 * n in v}
                  for s, v in sorted(values.items())}
-        doubled = [n for n in steps if 2 * n in steps]
-        at = doubled[-1] if doubled else None
         tau = {n: kendall_compare({s: [v[n]] for s, v in values.items() if n in v},
                                   {s: [v[2 * n]] for s, v in values.items() if 2 * n in v}, not lower)
-               for n in steps if 2 * n in steps}
+               for n in doubled}
         out[task] = {"by_steps": dict(sorted(values.items())), "gains": gains, "tau": tau,
                      "converged": {s: next((n for n in sorted(g) if g[n] < criterion), None) for s, g in gains.items()},
                      "at": at, "met": [s for s, g in gains.items() if at in g and g[at] < criterion],
                      "not_met": [s for s, g in gains.items() if at in g and g[at] >= criterion]}
     ratio = {n: {s: _ratio_of(by_steps[n], s) for s in out["lm"]["by_steps"]} for n in steps}
-    out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False)
-                        for n in steps if 2 * n in steps}
+    out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False) for n in doubled}
     return out
 
 

@@ -71,6 +71,11 @@ def git(*args: str, root: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
+def has_commit(root: Path = ROOT) -> bool:
+    """Whether the project's repository has a commit (HEAD names one)."""
+    return subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True).returncode == 0
+
+
 def _commit(line: str) -> dict:
     sha, date, subject = line.split("\x00", 2)
     return {"sha": sha, "date": date[:10], "subject": subject}
@@ -152,7 +157,7 @@ def chronology(root: Path = ROOT) -> dict:
     """Every table's first results and every choice's commit and relation to them."""
     from .results import Study
 
-    if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True).returncode:
+    if not has_commit(root):
         return {"results": {}, "choices": [], "after": 0, "of": 0}  # no committed history yet: nothing to date
     results = {table: first_results(paths, root) for table, paths in RESULTS.items()}
     choices = []
@@ -178,7 +183,7 @@ def plan(root: Path = ROOT, params: str = "params.yaml") -> dict:
 
     out = {"file": PLAN, "commit": None, "fixes": 0, "runs": 0, "confirmatory": False, "problems": []}
     problems = out["problems"]
-    if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root, capture_output=True).returncode:
+    if not has_commit(root):
         problems.append("the project has no commit: nothing can date a plan or a run")
         return out
     last = git("log", "-1", "--format=%H%x00%aI%x00%s", "--", PLAN, root=root).strip()
