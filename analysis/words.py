@@ -24,7 +24,7 @@ CLAIMS = {"agrees": ("agrees", "agree"), "disagrees": ("disagrees", "disagree"),
           "undecided": ("undecided", "undecided"), "untested": ("untested", "untested")}
 
 __all__ = ["said", "detail", "grouped", "names", "num", "signed", "pct", "pm", "minutes", "at", "numeric",
-           "shared_rate", "claim", "claim_counts", "reason", "setting", "detectable", "diff", "margin", "p",
+           "claim", "claim_counts", "reason", "setting", "detectable", "diff", "margin", "p",
            "verdict_word", "label"]
 
 
@@ -173,11 +173,6 @@ def at(lengths: Mapping, key) -> dict:
 def numeric(keys) -> list[str]:
     """Keys that spell numbers ("1e-3", "3e-3", "1e-2"), in the order of their values."""
     return sorted(keys, key=float)
-
-
-def shared_rate(common: str) -> str | None:
-    """The learning rate every run of a study shares (``optim.lr=`` in its common overrides)."""
-    return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
 
 
 def setting(overrides: str, key: str) -> str:

@@ -55,12 +55,6 @@ def _t5(study: Study, retrieval: Study, longer: Study | None) -> dict:
     return out
 
 
-def _rate(study: Study) -> str | None:
-    """The learning rate a study's ``common`` overrides set (``optim.lr=<rate>``), as written there."""
-    common = study.params["common"]
-    return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
-
-
 #: what a budget profile may change against the fairness profile at its rate: the steps alone
 BUDGET_KEYS = ("steps", "validate_every")
 
@@ -72,7 +66,7 @@ def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
     profile in more than its steps."""
     if not budgets:
         return None
-    rates = {_rate(b) for b in budgets}
+    rates = {b.rate for b in budgets}
     if len(rates) != 1 or None in rates:
         raise SystemExit(f"the budget profiles set different learning rates ({sorted(map(str, rates))}): one curve "
                          f"needs one rate")
@@ -95,7 +89,7 @@ def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
 def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
     """The fairness block (see the module doc), or None without the profile at the default rate."""
     P = study.params
-    rate = _rate(study)
+    rate = study.rate
     if rate not in profiles:
         return None
     margins = {"lm": P["lm_table"]["margin"], "mlm": P["mlm_table"]["margin"]}

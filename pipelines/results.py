@@ -117,6 +117,13 @@ class Study:
         """The longest evaluation length, as a multiple of L."""
         return max(m for t in self.params["tasks"].values() for m in multipliers(t["evaluate"]))
 
+    @property
+    def rate(self) -> str | None:
+        """The learning rate every run of the study shares (``optim.lr=<rate>`` in its ``common``
+        overrides), as written there; None when they leave it to each run's config."""
+        common = self.params["common"]
+        return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
+
     def task(self, table: str) -> str:
         """The name of the study's task whose runs make the table ``table`` (``MADE_BY``)."""
         names = [n for n in self.params["tasks"] if isinstance(load(n), MADE_BY[table])]

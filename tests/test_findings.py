@@ -178,7 +178,7 @@ def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps()
 
     def study(name: str, rate: str, steps: int, batch: int = 16, ppl: float = 8.0):
         spec = {"seeds": "0", "seq_len": 64, "batch_size": batch, "steps": steps, "validate_every": steps}
-        s = SimpleNamespace(name=name, params={"common": f"optim.lr={rate}"}, lm=_lm({"a": [1.0]}, {"a": ppl}),
+        s = SimpleNamespace(name=name, rate=rate, lm=_lm({"a": [1.0]}, {"a": ppl}),
                             mlm={"summary": {"a": {"acc": [0.5], "acc_mean": 0.5}}})
         s.spec = lambda table: spec
         return s
@@ -192,3 +192,15 @@ def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps()
         _budget(fair, [study("budget-steps4000", "1e-2", 4000), study("budget-steps8000", "3e-3", 8000)])
     with pytest.raises(SystemExit, match=r"budget-steps4000: the runs of its lm table differ .* \['batch_size'\]"):
         _budget(fair, [study("budget-steps4000", "1e-2", 4000, batch=32)])
+
+
+def test_a_studys_rate_is_the_one_its_common_overrides_set(tmp_path):
+    """``Study.rate``, which the fairness and budget blocks key their profiles by: the value of
+    ``optim.lr=`` among the study's common overrides, as written; None when it sets none."""
+    from pipelines.results import Study
+
+    (tmp_path / "params.yaml").write_text('common: "trainer.foo=1 optim.lr=3e-3 optim.lr_other=9"\n')
+    assert Study(tmp_path).rate == "3e-3"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other/params.yaml").write_text('common: "optim.warmup=10"\n')
+    assert Study(tmp_path / "other", "other").rate is None
