@@ -15,7 +15,9 @@ settings are left out: the benchmark and MiniLM's analysis (the default study ha
 the summaries across studies (papers, findings, scales, the chronology) and the report (which
 renders a page for every profile that has results; after its repro a profile runs those
 summaries and the report again, ``dvc repro --force --single-item``, so that they read it: their
-dependencies do not name a profile's files, which a project without the profile lacks). ``dvc repro``
+dependencies do not name a profile's files, which a project without the profile lacks), except a
+trial (``trial: true`` in its params.yaml: ``smoke``, every stage in minutes, to try a change),
+which they leave out and whose outputs git ignores. ``dvc repro``
 at the project root does not run a profile; ``dvc status`` lists the stages of a
 profile's pipeline whose code or settings changed since its results were made. Its
 ``dvc.lock`` records which code made them.
@@ -150,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                          cwd=ROOT)
     if rc != 0:
         return rc
+    if (yaml.safe_load((ROOT / "profiles" / a.name / "params.yaml").read_text()) or {}).get("trial"):
+        print(f"profiles/{a.name} is a trial (trial: true): its results are under profiles/{a.name}/, "
+              f"and the summaries and the report leave it out")
+        return 0
     # the summaries across studies and the report read every profile that has results: run them
     # again (their declared dependencies do not name the profiles'), recorded in the root dvc.lock
     return subprocess.call(["dvc", "repro", "--force", "--single-item", *SUMMARIES], cwd=ROOT)

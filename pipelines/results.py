@@ -192,6 +192,7 @@ class Study:
 
 
 def studies(root: Path = ROOT) -> tuple[Study, list[Study]]:
-    """The default study and the profiles that have results (``profiles/<name>/results``)."""
+    """The default study and the profiles that have results (``profiles/<name>/results``), less
+    the trials (``trial: true`` in their params.yaml, such as ``smoke``: a try of the pipeline)."""
     profiles = [Study(p.parent, p.parent.name) for p in sorted((root / "profiles").glob("*/results"))]
-    return Study(root), profiles
+    return Study(root), [p for p in profiles if not p.params.get("trial")]

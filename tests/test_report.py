@@ -212,6 +212,32 @@ def test_a_profile_pipeline_writes_under_its_folder_and_leaves_out_what_it_does_
     assert all(p.startswith("profiles/demo/figures/") for p in made["plots"])
 
 
+def test_a_trial_profile_is_left_out_of_the_report_and_its_summaries(tmp_path, capsys, monkeypatch):
+    """A profile whose params.yaml says ``trial: true`` (``smoke``) is no study to report:
+    ``pipelines.results.studies`` leaves it out (the report's pages, the summaries that read the
+    profiles), and ``python -m pipelines.profile`` runs none of the summaries after its repro."""
+    import yaml
+
+    from pipelines import profile
+    from pipelines.results import studies
+
+    for name, params in (("kept", "common: ''\n"), ("trial", "common: ''\ntrial: true\n")):
+        (tmp_path / "profiles" / name / "results").mkdir(parents=True)
+        (tmp_path / "profiles" / name / "params.yaml").write_text(params)
+    assert [p.name for p in studies(tmp_path)[1]] == ["kept"]
+
+    smoke = yaml.safe_load((REPO / "profiles/smoke/params.yaml").read_text())
+    assert smoke["trial"] is True
+    calls = []
+    monkeypatch.setattr(profile.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    monkeypatch.setattr(profile, "render", lambda name, root=profile.ROOT: (REPO / f"profiles/{name}/dvc.yaml").read_text())
+    assert profile.main(["smoke"]) == 0
+    assert calls == [["dvc", "repro", "profiles/smoke/dvc.yaml"]], calls
+    assert "leave it out" in capsys.readouterr().out
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert {"profiles/smoke/results/", "profiles/smoke/figures/"} <= set(ignored)
+
+
 def test_flat_schemes_are_compared_with_the_fixed_reference_after_holm():
     """``analysis.findings.flat_retrieval``: only schemes whose perplexity ratio is flat (upper
     95% bound at most 1 + margin) and that have a retrieval row at the length take part; each
@@ -257,8 +283,8 @@ def _slug(heading: str) -> str:
 
 def test_the_report_opens_with_the_summary_and_its_contents_lead_to_every_section():
     """results.md opens with the summary table (a row per scheme of the study), then its
-    contents, whose every link is a heading of the page; every profile with results has a page
-    of its own, linked from results.md and from the README."""
+    contents, whose every link is a heading of the page; every profile with results (but a trial,
+    such as smoke) has a page of its own, linked from results.md and from the README."""
     import re
 
     import yaml
@@ -273,7 +299,8 @@ def test_the_report_opens_with_the_summary_and_its_contents_lead_to_every_sectio
     contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
     anchors = re.findall(r"\]\(#([^)]+)\)", contents)
     assert len(anchors) > 10 and set(anchors) <= {_slug(h) for h in headings}
-    names = sorted(p.parent.name for p in (REPO / "profiles").glob("*/results"))
+    names = sorted(p.parent.name for p in (REPO / "profiles").glob("*/results")  # a trial (smoke) has no page
+                   if not yaml.safe_load((p.parent / "params.yaml").read_text()).get("trial"))
     assert sorted(rel for rel in rendered if rel.startswith(report.PROFILES + "/")) == sorted(
         [f"{report.PROFILES}/{n}.md" for n in names] + [f"{report.PROFILES}/README.md"])  # and their index
     assert all(f"({n}.md)" in rendered[f"{report.PROFILES}/README.md"] for n in names)
