@@ -240,6 +240,53 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
     return out
 
 
+def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
+                   spread: Mapping[str, Sequence[int | None]] | None = None) -> dict:
+    """Whether retrieval's learning rate is interior: ``steps`` {rate: {scheme: the steps its run
+    took to the criterion, or None when it stopped at the cap ``cap`` without meeting it}} (one
+    run a rate and scheme, the same seed). A run that misses the criterion counts as slower than
+    any that meets it. A scheme's best rates are those with its fewest steps (validation every
+    100 steps makes ties common); the best is interior when a rate below the lowest best and one
+    above the highest best each took more steps (or missed), at the ``bottom`` or ``top`` edge
+    when the grid has no rate beyond it. ``spread`` {scheme: steps over seeds at one rate} gives
+    the runs' own spread, against which a one-seed difference between rates is read.
+    {"rates", "cap", "steps", "best": {scheme: [rates]}, "interior", "top", "bottom", "flat",
+    "spread": {scheme: {"n", "min", "median", "max", "missed"}}}; ``flat``: every rate ties; the
+    spread's min, median and max are over the runs that met the criterion, ``missed`` the others."""
+    rates = sorted(steps, key=float)
+    schemes = sorted({s for by in steps.values() for s in by})
+    cost = {s: {r: (steps[r][s] if steps[r][s] is not None else math.inf) for r in rates if s in steps[r]}
+            for s in schemes}
+    out: dict = {"rates": rates, "cap": cap, "steps": {s: {r: steps[r][s] for r in rates if s in steps[r]} for s in schemes},
+                 "best": {}, "interior": [], "top": [], "bottom": [], "flat": []}
+    for s, by in cost.items():
+        low = min(by.values())
+        best = [r for r in rates if by.get(r) == low]
+        out["best"][s] = best
+        if len(best) == len(by):
+            out["flat"].append(s)
+            continue
+        lo, hi = rates.index(best[0]), rates.index(best[-1])
+        below = any(by.get(r, -math.inf) > low for r in rates[:lo])
+        above = any(by.get(r, -math.inf) > low for r in rates[hi + 1:])
+        if below and above:
+            out["interior"].append(s)
+        else:
+            if not above:
+                out["top"].append(s)
+            if not below:
+                out["bottom"].append(s)
+    out["spread"] = {}
+    for s, runs in (spread or {}).items():
+        met = sorted(v for v in runs if v is not None)
+        if met:
+            mid = len(met) // 2
+            median = met[mid] if len(met) % 2 else (met[mid - 1] + met[mid]) / 2
+            out["spread"][s] = {"n": len(runs), "min": met[0], "median": median, "max": met[-1],
+                                "missed": len(runs) - len(met)}
+    return out
+
+
 def _ratio_of(study, s: str) -> list[float]:
     e = study.lm.get(s) or {}
     return list(e.get("ratio_longest", {}).get("values") or [])

@@ -18,6 +18,9 @@ has results) and the fairness profiles (``profiles/fairness-lr<rate>/``). Writes
 * ``budget``: the budget profiles (``profiles/budget-steps<n>/``) beside the fairness profile at
   their rate, each scheme's validation quality at L by steps, what doubling the steps gains, and
   the budget where that gain falls below the criterion (``analysis.findings.budget``);
+* ``retrieval_rate``: the steps every scheme's retrieval run takes to the criterion at the default
+  rate and at the retrieval-rate profiles' (``profiles/retrieval-lr<rate>/``, one seed), each
+  scheme's best rate and whether it is interior (``analysis.findings.retrieval_rate``);
 * ``power`` and ``seeds``: what each family decides with its seeds, and with fewer;
 * ``ratio_and_absolute``: where the ratio and the absolute perplexity at the longest length
   give different verdicts.
@@ -84,6 +87,51 @@ def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
         raise SystemExit(f"the budget curve's studies ({', '.join(b.name for b in curve)}) need one causal- and "
                          f"masked-LM budget each, and a different one from each other")
     return {**findings.budget(by_steps), "rate": rate, "profiles": {n: b.name for n, b in sorted(by_steps.items())}}
+
+
+#: what a retrieval-rate profile may change against the default study's retrieval: its seeds (one
+#: of the default's) and its evaluation (the steps to the criterion do not depend on it)
+RATE_KEYS = ("seeds", "evaluate")
+
+
+def _criterion_steps(study: Study, seeds: list[str] | None = None) -> dict[str, list[int | None]]:
+    """{scheme: the steps each retrieval run of the study (of ``seeds``, else all) took to the
+    criterion, None for a run that stopped at the cap}, in seed order."""
+    name = study.task("retrieval")
+    out = {}
+    for s, record in study.runs.items():
+        runs = sorted((r for r in record["runs"] if r["task"] == name and (seeds is None or str(r["seed"]) in seeds)),
+                      key=lambda r: r["seed"])
+        if runs:
+            out[s] = [r.get("criterion_step") for r in runs]
+    return out
+
+
+def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> dict | None:
+    """The retrieval-rate block: the steps to the criterion of one seed of every scheme at the
+    default study's rate and at each profile's (``profiles/retrieval-lr<rate>/``), and the spread
+    over the seeds of ``retrieval`` (when at the default rate) (``analysis.findings.
+    retrieval_rate``); None without such a profile. Refuses a profile whose retrieval differs from
+    the default study's in more than its seed and evaluation, or that runs another seed count."""
+    if not profiles:
+        return None
+    mine = study.spec("retrieval")
+    seed = None
+    for prof in profiles:
+        theirs = prof.spec("retrieval")
+        other = [k for k in mine if k not in RATE_KEYS and mine[k] != theirs.get(k)]
+        if other or len(prof.seeds("retrieval")) != 1 or prof.seeds("retrieval")[0] not in study.seeds("retrieval"):
+            raise SystemExit(f"{prof.name}: its retrieval differs from the default study's in {other or 'its seeds'}: "
+                             f"a rate check compares one seed the default study has, trained alike but for the rate")
+        if seed not in (None, prof.seeds("retrieval")[0]):
+            raise SystemExit("the retrieval-rate profiles run different seeds: the check compares one seed")
+        seed = prof.seeds("retrieval")[0]
+    steps = {prof.rate: {s: v[0] for s, v in _criterion_steps(prof).items()} for prof in profiles}
+    steps[study.rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
+    spread = _criterion_steps(retrieval) if retrieval is not study and retrieval.rate == study.rate else None
+    out = findings.retrieval_rate(steps, mine["steps"], spread)
+    return {**out, "seed": int(seed), "default_rate": study.rate, "profiles": {p.rate: p.name for p in profiles},
+            "spread_from": retrieval.name if spread else None}
 
 
 def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
@@ -198,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             if (d / "results" / "lm_table.json").exists()}
     budgets = [Study(d, d.name) for d in sorted((root / "profiles").glob("budget-steps*"))
                if (d / "results" / "lm_table.json").exists()]
+    retrieval_rates = [Study(d, d.name) for d in sorted((root / "profiles").glob("retrieval-lr*"))
+                       if (d / "results" / "retrieval_table.json").exists()]
     P, top = study.params, study.top
     fairness = _fairness(study, fair)
     families = _families(study, retrieval)
@@ -211,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                                            P["lm_table"]["margin"], P["retrieval_table"]["margin"]),
            "fairness": fairness,
            "budget": (budget := _budget(fair, budgets)),
+           "retrieval_rate": _retrieval_rate(study, retrieval, retrieval_rates),
            "power": findings.power(families), "seeds": _seeds(study, retrieval),
            "model": _model(P["model"]),
            "ratio_and_absolute": findings.ratio_and_absolute(study.lm, top),

@@ -204,3 +204,61 @@ def test_a_studys_rate_is_the_one_its_common_overrides_set(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other/params.yaml").write_text('common: "optim.warmup=10"\n')
     assert Study(tmp_path / "other", "other").rate is None
+
+
+def test_retrieval_rates_best_is_interior_only_with_a_slower_rate_on_each_side():
+    """``analysis.findings.retrieval_rate`` on steps written by hand: a miss (None, the cap) is
+    slower than any run that meets the criterion; ties share the best; a best at the grid's end
+    (or tied with it) is at that edge, not interior; every rate tied is flat; the spread over
+    seeds ignores the runs that missed, counting them apart."""
+    from analysis.findings import retrieval_rate
+
+    steps = {"3e-3": {"a": 800, "b": 900, "c": 700, "d": 500, "e": 600},
+             "1e-3": {"a": 1500, "b": None, "c": 700, "d": 500, "e": 600},
+             "1e-2": {"a": 1200, "b": 600, "c": None, "d": 400, "e": 600}}
+    out = retrieval_rate(steps, 4000, {"a": [800, None, 1000, 600], "b": [900]})
+    assert out["rates"] == ["1e-3", "3e-3", "1e-2"]
+    assert out["best"] == {"a": ["3e-3"], "b": ["1e-2"], "c": ["1e-3", "3e-3"], "d": ["1e-2"], "e": ["1e-3", "3e-3", "1e-2"]}
+    assert out["interior"] == ["a"] and out["top"] == ["b", "d"] and out["bottom"] == ["c"] and out["flat"] == ["e"]
+    assert out["steps"]["b"] == {"1e-3": None, "3e-3": 900, "1e-2": 600}
+    assert out["spread"]["a"] == {"n": 4, "min": 600, "median": 800, "max": 1000, "missed": 1}
+    assert out["spread"]["b"] == {"n": 1, "min": 900, "median": 900, "max": 900, "missed": 0}
+
+
+def test_the_retrieval_rate_check_reads_one_seed_of_the_default_and_refuses_other_differences():
+    """``pipelines.findings._retrieval_rate`` on stand-in studies: the default study's run of the
+    profiles' seed at its own rate joins theirs, the ten-seed profile gives the spread at the
+    default rate; a profile that differs in more than its seed and evaluation, or runs a seed the
+    default study lacks, is refused naming why; without a profile there is no block."""
+    from pipelines.findings import _retrieval_rate
+
+    def study(name, rate, seeds, steps, spec=None):
+        spec = spec or {"seeds": seeds, "seq_len": 64, "steps": 4000, "criterion": 0.9, "evaluate": {}}
+        def run(seed, step):  # a run that missed the criterion records no criterion_step
+            return {"task": "retrieval", "seed": int(seed), **({"criterion_step": step} if step is not None else {})}
+
+        runs = {s: {"runs": [run(seed, v[i]) for i, seed in enumerate(seeds.split())] + [{"task": "lm", "seed": 0}]}
+                for s, v in steps.items()}
+        st = SimpleNamespace(name=name, rate=rate, runs=runs)
+        st.task = lambda table: "retrieval"
+        st.spec = lambda table: dict(spec, seeds=seeds)
+        st.seeds = lambda table: seeds.split()
+        return st
+
+    default = study("default", "3e-3", "0", {"a": [800], "b": [900]})
+    seeds = study("retrieval-seeds", "3e-3", "0 1 2", {"a": [800, 700, 900], "b": [900, None, 1000]})
+    high = study("retrieval-lr1e-2", "1e-2", "0", {"a": [1200], "b": [600]})
+    low = study("retrieval-lr1e-3", "1e-3", "0", {"a": [1500], "b": [None]})
+    out = _retrieval_rate(default, seeds, [low, high])
+    assert out["steps"] == {"a": {"1e-3": 1500, "3e-3": 800, "1e-2": 1200}, "b": {"1e-3": None, "3e-3": 900, "1e-2": 600}}
+    assert out["interior"] == ["a"] and out["top"] == ["b"] and out["seed"] == 0 and out["cap"] == 4000
+    assert out["spread"]["b"] == {"n": 3, "min": 900, "median": 950.0, "max": 1000, "missed": 1}
+    assert out["profiles"] == {"1e-3": "retrieval-lr1e-3", "1e-2": "retrieval-lr1e-2"}
+    assert _retrieval_rate(default, seeds, []) is None
+    assert _retrieval_rate(default, default, [high])["spread"] == {}
+    wider = study("retrieval-lr1e-2", "1e-2", "0", {"a": [1], "b": [1]},
+                  {"seeds": "0", "seq_len": 128, "steps": 4000, "criterion": 0.9, "evaluate": {}})
+    with pytest.raises(SystemExit, match=r"retrieval-lr1e-2: its retrieval differs .* \['seq_len'\]"):
+        _retrieval_rate(default, seeds, [wider])
+    with pytest.raises(SystemExit, match="its seeds"):
+        _retrieval_rate(default, seeds, [study("retrieval-lr1e-2", "1e-2", "5", {"a": [1], "b": [1]})])
