@@ -50,7 +50,7 @@ REDUCED = {
     "retrieval_table": {"reference": "none", "margin": 0.1, "margin_reason": "a test's"},
     "primary": [{"name": "extrapolation", "family": "lm_reference", "quantity": "ratio", "multiple": 4,
                  "what": "every scheme's ratio", "why": "a test's"}],
-    "report": {"bucket_control": {"plain": "t5_bias", "variant": "t5_bias_scaled"}, "rules_of": "rope",
+    "report": {"bucket_control": {"plain": "t5_bias", "variant": "t5_bias_scaled"}, "budget_minutes": 60, "rules_of": "rope",
                "reach": {"near": "alibi", "spread": "rope"}},
     "correlations": {"batches": 1, "pretrained_sentences": 4, "pretrained_length": 32},
     "bench": {"args": "--tiny --no-memory --no-xtransformers --schemes none alibi t5_bias"},
