@@ -11,6 +11,7 @@ report renders them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 from .papers import interval
@@ -280,9 +281,7 @@ def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
     for s, runs in (spread or {}).items():
         met = sorted(v for v in runs if v is not None)
         if met:
-            mid = len(met) // 2
-            median = met[mid] if len(met) % 2 else (met[mid - 1] + met[mid]) / 2
-            out["spread"][s] = {"n": len(runs), "min": met[0], "median": median, "max": met[-1],
+            out["spread"][s] = {"n": len(runs), "min": met[0], "median": statistics.median(met), "max": met[-1],
                                 "missed": len(runs) - len(met)}
     return out
 

@@ -134,6 +134,11 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
             "spread_from": retrieval.name if spread else None}
 
 
+def _profiles(root: Path, prefix: str, table: str) -> list[Study]:
+    """The profiles named ``<prefix>...`` whose results hold ``table``, in name order."""
+    return [Study(d, d.name) for d in sorted((root / "profiles").glob(prefix + "*")) if (d / "results" / table).exists()]
+
+
 def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
     """The fairness block (see the module doc), or None without the profile at the default rate."""
     P = study.params
@@ -242,12 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     study = Study(root)
     seeds = Study(root / "profiles" / a.retrieval, a.retrieval)
     retrieval = seeds if seeds.has("retrieval") else study
-    fair = {d.name[len("fairness-lr"):]: Study(d, d.name) for d in sorted((root / "profiles").glob("fairness-lr*"))
-            if (d / "results" / "lm_table.json").exists()}
-    budgets = [Study(d, d.name) for d in sorted((root / "profiles").glob("budget-steps*"))
-               if (d / "results" / "lm_table.json").exists()]
-    retrieval_rates = [Study(d, d.name) for d in sorted((root / "profiles").glob("retrieval-lr*"))
-                       if (d / "results" / "retrieval_table.json").exists()]
+    fair = {p.name[len("fairness-lr"):]: p for p in _profiles(root, "fairness-lr", "lm_table.json")}
+    budgets = _profiles(root, "budget-steps", "lm_table.json")
+    retrieval_rates = _profiles(root, "retrieval-lr", "retrieval_table.json")
     P, top = study.params, study.top
     fairness = _fairness(study, fair)
     families = _families(study, retrieval)
