@@ -41,10 +41,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"may_skip(reason): a test whose skip is right even where {NO_SKIPS} is set (say why)"
     )
-    if config.getoption("--full") and getattr(config.option, "maxschedchunk", 0) is None:
-        # pytest-xdist hands each worker its next test as it finishes one (two in hand), not a
-        # quarter of the suite at once: the order slowest_first gives is the order tests start in
-        config.option.maxschedchunk = 1
+    if config.getoption("--full") and getattr(config.option, "dist", "no") == "load":
+        # pytest-xdist hands out whole modules, in the order slowest_first gives: a worker takes the
+        # next module as it ends one, and a module's fixtures are made on one worker, once
+        config.option.dist = "loadfile"
     path = config.getoption("--record-durations")
     if path is not None and not hasattr(config, "workerinput"):  # the controller (or the one process) records
         config.pluginmanager.register(RecordDurations(path), "record-durations")
@@ -69,16 +69,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 def slowest_first(items: list, seconds: dict[str, float]) -> None:
-    """Order ``items`` so that the modules whose slowest test took longest (``seconds``: by node
-    id, as ``DURATIONS`` keeps them) come first; a module's tests stay together, in their order
-    (its module fixtures are made once a worker), and modules with no recorded test keep theirs,
-    after. Two workers that start the suite's longest tests first end together: started last,
-    a test of ten minutes leaves one core idle while it runs."""
-    slowest: dict[str, float] = {}
+    """Order ``items`` so that the modules whose tests took longest together (``seconds``: by
+    node id, as ``DURATIONS`` keeps them) come first; a module's tests stay together, in their
+    order, and modules with no recorded test keep theirs, after. Two workers that take the
+    longest modules first end together: taken last, a module of ten minutes leaves one core idle
+    while it runs."""
+    total: dict[str, float] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
-        slowest[module] = max(slowest.get(module, 0.0), seconds.get(item.nodeid, 0.0))
-    items.sort(key=lambda item: -slowest[item.nodeid.split("::")[0]])  # a stable sort: ties keep their order
+        total[module] = total.get(module, 0.0) + seconds.get(item.nodeid, 0.0)
+    items.sort(key=lambda item: -total[item.nodeid.split("::")[0]])  # a stable sort: ties keep their order
 
 
 class RecordDurations:

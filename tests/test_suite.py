@@ -80,7 +80,7 @@ def _suite(tmp_path, durations: dict | None) -> list[str]:
 
 @pytest.mark.slow
 def test_the_full_suite_starts_its_slowest_tests_first_and_records_their_seconds(tmp_path):
-    """``--full`` orders the modules by their slowest test in durations.json beside the conftest
+    """``--full`` orders the modules by their tests' seconds in durations.json beside the conftest
     (a module's tests together, in their order; unrecorded modules after, in theirs); a run with
     ``--record-durations`` on two xdist workers writes the seconds of every test of a second or
     more, and only those."""
@@ -107,23 +107,27 @@ def test_slowest_first_keeps_a_module_together_and_ties_in_order():
 
     from .conftest import slowest_first
 
-    items = [SimpleNamespace(nodeid=n) for n in ("a.py::x", "a.py::y", "b.py::x[1]", "b.py::x[2]", "c.py::z", "d.py::w")]
-    slowest_first(items, {"a.py::y": 2.0, "b.py::x[2]": 9.0, "d.py::w": 2.0})
-    assert [i.nodeid for i in items] == ["b.py::x[1]", "b.py::x[2]", "a.py::x", "a.py::y", "d.py::w", "c.py::z"]
+    items = [SimpleNamespace(nodeid=n) for n in ("a.py::x", "a.py::y", "b.py::x[1]", "b.py::x[2]", "c.py::z", "d.py::w",
+                                                  "e.py::v")]
+    slowest_first(items, {"a.py::x": 3.0, "a.py::y": 2.0, "b.py::x[2]": 4.0, "d.py::w": 5.0, "e.py::v": 4.0})
+    assert [i.nodeid for i in items] == ["a.py::x", "a.py::y", "d.py::w", "b.py::x[1]", "b.py::x[2]", "e.py::v",
+                                         "c.py::z"]  # a's 5 s in two tests before b's 4 s in one; ties in order
 
 
-def test_the_full_suite_hands_each_worker_one_test_at_a_time():
-    """Under ``--full`` pytest-xdist's chunk is one test (the order of slowest_first is the order
-    tests start in), unless the command line sets one; the fast tier keeps xdist's default."""
+def test_the_full_suite_hands_out_whole_modules():
+    """Under ``--full`` pytest-xdist's default distribution (``load``) becomes ``loadfile``: a
+    worker takes a whole module, in the order of slowest_first; a distribution the command line
+    names otherwise, one process, and the fast tier are left as they are."""
     from types import SimpleNamespace
 
     from .conftest import pytest_configure
 
-    def configured(full: bool, chunk):
-        option = SimpleNamespace(maxschedchunk=chunk)
+    def configured(full: bool, dist: str) -> str:
+        option = SimpleNamespace(dist=dist)
         config = SimpleNamespace(option=option, addinivalue_line=lambda *a: None,
                                  getoption=lambda name: {"--full": full, "--record-durations": None}[name])
         pytest_configure(config)
-        return option.maxschedchunk
+        return option.dist
 
-    assert (configured(True, None), configured(True, 8), configured(False, None)) == (1, 8, None)
+    assert [configured(True, "load"), configured(True, "worksteal"), configured(True, "no"),
+            configured(False, "load")] == ["loadfile", "worksteal", "no", "load"]
