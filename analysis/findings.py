@@ -242,18 +242,21 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
 
 
 def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
-                   spread: Mapping[str, Sequence[int | None]] | None = None) -> dict:
+                   spread: Mapping[str, Sequence[int | None]] | None = None, spread_rate: str | None = None) -> dict:
     """Whether retrieval's learning rate is interior: ``steps`` {rate: {scheme: the steps its run
     took to the criterion, or None when it stopped at the cap ``cap`` without meeting it}} (one
     run a rate and scheme, the same seed). A run that misses the criterion counts as slower than
     any that meets it. A scheme's best rates are those with its fewest steps (validation every
     100 steps makes ties common); the best is interior when a rate below the lowest best and one
     above the highest best each took more steps (or missed), at the ``bottom`` or ``top`` edge
-    when the grid has no rate beyond it. ``spread`` {scheme: steps over seeds at one rate} gives
-    the runs' own spread, against which a one-seed difference between rates is read.
+    when the grid has no rate beyond it. ``spread`` {scheme: steps over seeds at ``spread_rate``}
+    gives the runs' own spread, against which a one-seed difference between rates is read.
     {"rates", "cap", "steps", "best": {scheme: [rates]}, "interior", "top", "bottom", "flat",
-    "spread": {scheme: {"n", "min", "median", "max", "missed"}}}; ``flat``: every rate ties; the
-    spread's min, median and max are over the runs that met the criterion, ``missed`` the others."""
+    "spread": {scheme: {"n", "min", "median", "max", "missed"}}, "beyond_spread"}; ``flat``: every
+    rate ties; the spread's min, median and max are over the runs that met the criterion, ``missed``
+    the others; ``elsewhere``: the schemes whose best rates leave out ``spread_rate``;
+    ``beyond_spread``: those of them with a spread whose best took fewer steps than every seed at
+    ``spread_rate`` (a difference reseeding alone did not make)."""
     rates = sorted(steps, key=float)
     schemes = sorted({s for by in steps.values() for s in by})
     cost = {s: {r: (steps[r][s] if steps[r][s] is not None else math.inf) for r in rates if s in steps[r]}
@@ -283,6 +286,9 @@ def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
         if met:
             out["spread"][s] = {"n": len(runs), "min": met[0], "median": statistics.median(met), "max": met[-1],
                                 "missed": len(runs) - len(met)}
+    out["elsewhere"] = [s for s in schemes if spread_rate is not None and spread_rate not in out["best"][s]]
+    out["beyond_spread"] = [s for s in out["elsewhere"] if s in out["spread"] and min(cost[s].values())
+                            < out["spread"][s]["min"]]
     return out
 
 

@@ -129,7 +129,7 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
     steps = {prof.rate: {s: v[0] for s, v in _criterion_steps(prof).items()} for prof in profiles}
     steps[study.rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
     spread = _criterion_steps(retrieval) if retrieval is not study and retrieval.rate == study.rate else None
-    out = findings.retrieval_rate(steps, mine["steps"], spread)
+    out = findings.retrieval_rate(steps, mine["steps"], spread, study.rate)
     return {**out, "seed": int(seed), "default_rate": study.rate, "profiles": {p.rate: p.name for p in profiles},
             "spread_from": retrieval.name if spread else None}
 

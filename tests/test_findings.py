@@ -216,13 +216,19 @@ def test_retrieval_rates_best_is_interior_only_with_a_slower_rate_on_each_side()
     steps = {"3e-3": {"a": 800, "b": 900, "c": 700, "d": 500, "e": 600},
              "1e-3": {"a": 1500, "b": None, "c": 700, "d": 500, "e": 600},
              "1e-2": {"a": 1200, "b": 600, "c": None, "d": 400, "e": 600}}
-    out = retrieval_rate(steps, 4000, {"a": [800, None, 1000, 600], "b": [900]})
+    out = retrieval_rate(steps, 4000, {"a": [800, None, 1000, 600], "b": [900], "d": [450, 700]}, "3e-3")
     assert out["rates"] == ["1e-3", "3e-3", "1e-2"]
     assert out["best"] == {"a": ["3e-3"], "b": ["1e-2"], "c": ["1e-3", "3e-3"], "d": ["1e-2"], "e": ["1e-3", "3e-3", "1e-2"]}
     assert out["interior"] == ["a"] and out["top"] == ["b", "d"] and out["bottom"] == ["c"] and out["flat"] == ["e"]
     assert out["steps"]["b"] == {"1e-3": None, "3e-3": 900, "1e-2": 600}
     assert out["spread"]["a"] == {"n": 4, "min": 600, "median": 800, "max": 1000, "missed": 1}
     assert out["spread"]["b"] == {"n": 1, "min": 900, "median": 900, "max": 900, "missed": 0}
+    # b's best (600 at 1e-2) took fewer steps than its one seed at 3e-3 (900), d's (400) fewer than
+    # both of its (450, 700); a's best is 3e-3 itself; c and e have no spread
+    assert out["elsewhere"] == ["b", "d"] and out["beyond_spread"] == ["b", "d"]
+    other = retrieval_rate(steps, 4000, {"d": [300, 700]}, "3e-3")  # a seed of d at 3e-3 took 300; b has no spread
+    assert other["elsewhere"] == ["b", "d"] and other["beyond_spread"] == []
+    assert retrieval_rate(steps, 4000)["elsewhere"] == []  # no default rate named
 
 
 def test_the_retrieval_rate_check_reads_one_seed_of_the_default_and_refuses_other_differences():
@@ -253,6 +259,7 @@ def test_the_retrieval_rate_check_reads_one_seed_of_the_default_and_refuses_othe
     assert out["steps"] == {"a": {"1e-3": 1500, "3e-3": 800, "1e-2": 1200}, "b": {"1e-3": None, "3e-3": 900, "1e-2": 600}}
     assert out["interior"] == ["a"] and out["top"] == ["b"] and out["seed"] == 0 and out["cap"] == 4000
     assert out["spread"]["b"] == {"n": 3, "min": 900, "median": 950.0, "max": 1000, "missed": 1}
+    assert out["beyond_spread"] == ["b"]  # 600 at 1e-2 against 900 and 1000 at the default 3e-3
     assert out["profiles"] == {"1e-3": "retrieval-lr1e-3", "1e-2": "retrieval-lr1e-2"}
     assert _retrieval_rate(default, seeds, []) is None
     assert _retrieval_rate(default, default, [high])["spread"] == {}
