@@ -19,9 +19,7 @@ when the README's blocks differ from what the records give; the default ``dvc re
 comes from the study's own stage records (``results/times``), not from here.
 
 The full suite is the command ``.ci/run`` ends with (what CI runs), read from it, so that
-measuring it again after the suite is reorganised needs no edit here; it is asked to record each
-test's seconds too (``KEEP``), into ``tests/durations.json`` of the project, the order the next
-full run starts its tests in (slowest first: ``tests/conftest.py``).
+measuring it again after the suite is reorganised needs no edit here.
 """
 
 from __future__ import annotations
@@ -46,9 +44,6 @@ WHAT = {"quickstart": ("the quick start's run, `python train.py`", ["python", "t
         "pytest": ("plain `pytest`", ["python", "-m", "pytest", "-q"]),
         "full": ("the full suite (what CI runs, `.ci/run`)", None)}
 GROUPS = {"tests": ["pytest", "full"]}
-#: what a measured command is also asked to write in the clone, copied back into the project: the full
-#: suite's seconds by test (tests/conftest.py: the next full run starts its slowest tests first)
-KEEP = {"full": ("--record-durations", "tests/durations.json")}
 
 
 def ci_command(root: Path = ROOT) -> list[str]:
@@ -84,8 +79,6 @@ def measure(name: str, root: Path = ROOT, output: Path | None = None) -> dict:
 
     what, command = WHAT[name]
     command = command or ci_command(root)
-    if name in KEEP:
-        command = [*command, *KEEP[name]]
     clone = fresh_clone(root)
     env = dict(os.environ, PYTHONPATH=f"{clone / 'src'}{os.pathsep}{clone}",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -102,8 +95,6 @@ def measure(name: str, root: Path = ROOT, output: Path | None = None) -> dict:
                              f"{out.stderr[-2000:]}")
         said = last_words(name, clone, out.stdout + out.stderr)
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
-        if name in KEEP:
-            shutil.copyfile(clone / KEEP[name][-1], root / KEEP[name][-1])
     finally:
         shutil.rmtree(clone, ignore_errors=True)
     return {"what": what, "command": " ".join(command), "seconds": round(seconds, 1), "said": said, "commit": commit,

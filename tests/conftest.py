@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -24,30 +23,15 @@ def data_dir() -> Path:
 NO_SKIPS = "POSENC_NO_SKIPS"  # set by .ci/run: a skipped test is a failure there
 
 
-#: each test's seconds in the last recorded run of the full suite (``--record-durations``, which
-#: ``python -m pipelines.measure full`` passes): the full suite starts the slowest first (``slowest_first``)
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
                      help="the full suite (what CI runs): the tests marked slow too; plain pytest leaves them out")
-    parser.addoption("--record-durations", metavar="PATH", type=Path,
-                     help=f"write each test's seconds (setup, call and teardown; tests of a second or more) to PATH "
-                          f"as JSON: the order {DURATIONS.name} gives the full suite (python -m pipelines.measure full)")
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"may_skip(reason): a test whose skip is right even where {NO_SKIPS} is set (say why)"
     )
-    if config.getoption("--full") and getattr(config.option, "dist", "no") == "load":
-        # pytest-xdist hands out whole modules, in the order slowest_first gives: a worker takes the
-        # next module as it ends one, and a module's fixtures are made on one worker, once
-        config.option.dist = "loadfile"
-    path = config.getoption("--record-durations")
-    if path is not None and not hasattr(config, "workerinput"):  # the controller (or the one process) records
-        config.pluginmanager.register(RecordDurations(path), "record-durations")
 
 
 #: how many slow tests the fast tier left out
@@ -59,41 +43,12 @@ def pytest_collection_modifyitems(config, items):
     --full`` (CI) runs them all. A slow test trains more than a few steps or starts a process
     (``no_process_unless_slow`` fails an unmarked test that does)."""
     if config.getoption("--full"):
-        slowest_first(items, json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {})
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     config.stash[SLOW_LEFT_OUT] = len(slow)
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
-
-
-def slowest_first(items: list, seconds: dict[str, float]) -> None:
-    """Order ``items`` so that the modules whose tests took longest together (``seconds``: by
-    node id, as ``DURATIONS`` keeps them) come first; a module's tests stay together, in their
-    order, and modules with no recorded test keep theirs, after. Two workers that take the
-    longest modules first end together: taken last, a module of ten minutes leaves one core idle
-    while it runs."""
-    total: dict[str, float] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        total[module] = total.get(module, 0.0) + seconds.get(item.nodeid, 0.0)
-    items.sort(key=lambda item: -total[item.nodeid.split("::")[0]])  # a stable sort: ties keep their order
-
-
-class RecordDurations:
-    """``--record-durations``: each test's setup, call and teardown seconds, summed (on xdist's
-    controller, from every worker's reports), written when the session ends."""
-
-    def __init__(self, path: Path):
-        self.path, self.seconds = path, {}
-
-    def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
-
-    def pytest_sessionfinish(self, session):
-        kept = {test: round(s, 1) for test, s in sorted(self.seconds.items()) if s >= 1}
-        self.path.write_text(json.dumps(kept, indent=1) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter, config):
