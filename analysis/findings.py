@@ -252,9 +252,9 @@ def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
     when the grid has no rate beyond it. ``spread`` {scheme: steps over seeds at ``spread_rate``}
     gives the runs' own spread, against which a one-seed difference between rates is read.
     {"rates", "cap", "steps", "best": {scheme: [rates]}, "interior", "top", "bottom", "flat",
-    "spread": {scheme: {"n", "min", "median", "max", "missed"}}, "beyond_spread"}; ``flat``: every
+    "spread": {scheme: {"n", "min", "median", "max", "missed"}}, "elsewhere", "beyond_spread"}; ``flat``: every
     rate ties; the spread's min, median and max are over the runs that met the criterion, ``missed``
-    the others; ``elsewhere``: the schemes whose best rates leave out ``spread_rate``;
+    the others; ``elsewhere``: the schemes whose best rates leave out ``spread_rate`` (none without it);
     ``beyond_spread``: those of them with a spread whose best took fewer steps than every seed at
     ``spread_rate`` (a difference reseeding alone did not make)."""
     rates = sorted(steps, key=float)
@@ -286,7 +286,7 @@ def retrieval_rate(steps: Mapping[str, Mapping[str, int | None]], cap: int,
         if met:
             out["spread"][s] = {"n": len(runs), "min": met[0], "median": statistics.median(met), "max": met[-1],
                                 "missed": len(runs) - len(met)}
-    out["elsewhere"] = [s for s in schemes if spread_rate is not None and spread_rate not in out["best"][s]]
+    out["elsewhere"] = [s for s in schemes if spread_rate not in out["best"][s]] if spread_rate is not None else []
     out["beyond_spread"] = [s for s in out["elsewhere"] if s in out["spread"] and min(cost[s].values())
                             < out["spread"][s]["min"]]
     return out
