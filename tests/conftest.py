@@ -28,6 +28,20 @@ def pytest_addoption(parser):
                      help="the full suite (what CI runs): the tests marked slow too; plain pytest leaves them out")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core for the fast tier (its tests compute in their own process),
+    two per core for the full suite, whose slow tests spend about half their time waiting on the
+    processes they start (``dvc repro`` runs one stage at a time; a stage's interpreter starts and
+    imports). Measured on 2 cores: the full suite took 2,168 s at a worker per core and 1,224 s at
+    two per core, where the cores were 99% busy (2,440 CPU-seconds). No more workers than the
+    memory holds at about 2 GiB each (that run peaked at 8.3 GiB in use with 4)."""
+    if not config.getoption("--full"):
+        return None  # pytest-xdist's own count: a worker per core
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(2 * cores, int(memory_gib // 2)))
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"may_skip(reason): a test whose skip is right even where {NO_SKIPS} is set (say why)"

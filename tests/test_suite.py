@@ -59,3 +59,22 @@ def test_a_skip_fails_where_skips_are_not_allowed(tmp_path):
     assert "skipped (no widget), and POSENC_NO_SKIPS is set" in strict.stdout
     assert "skipped (the fixture says no), and POSENC_NO_SKIPS is set" in strict.stdout
     assert "SKIPPED [1] test_skipping.py" in strict.stdout and "no gadget" in strict.stdout
+
+
+def test_the_full_suite_runs_two_workers_per_core_the_fast_tier_xdists_own(monkeypatch):
+    """``-n auto``: pytest-xdist's own count (a worker per core) for the fast tier, two workers per
+    core for ``--full``, no more than the memory holds at 2 GiB each."""
+    from types import SimpleNamespace
+
+    from .conftest import pytest_xdist_auto_num_workers
+
+    def config(full: bool):
+        return SimpleNamespace(getoption=lambda name: full if name == "--full" else None)
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 64 * 2**30 // 4096}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    assert pytest_xdist_auto_num_workers(config(False)) is None
+    assert pytest_xdist_auto_num_workers(config(True)) == 6
+    pages["SC_PHYS_PAGES"] = 9 * 2**30 // 4096  # 9 GiB: four workers
+    assert pytest_xdist_auto_num_workers(config(True)) == 4
