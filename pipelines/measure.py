@@ -11,7 +11,10 @@ Each measurement clones HEAD into a folder beside the project (so that ``../shar
 where it is for the project), runs the command there with this interpreter and the clone's own
 code (``PYTHONPATH=<clone>/src:<clone>``) and this environment's ``OMP_NUM_THREADS`` (unset, as
 in a new user's shell: torch's default, a thread per core; the record says which), writes its record to
-``docs/measured/<name>.json`` and removes the clone. A record holds the command, its seconds,
+``docs/measured/<name>.json`` and removes the clone. Compiled code starts cold, as on the new
+machine CI runs on: Inductor's kernels and FIRE's extension are built into empty caches, not read
+from this machine's (the full suite took 1070 s with Inductor's cache warm from earlier runs, against
+1224 s with it cold). A record holds the command, its seconds,
 what it printed last (the tests' count, the run's val ppl), the commit, the day, the CPU
 (``posenc.machine``), the cores, ``OMP_NUM_THREADS`` and the load average before and after (the machine may have
 been shared: that is the number that says so). ``python -m pipelines.report --check`` fails
@@ -80,8 +83,12 @@ def measure(name: str, root: Path = ROOT, output: Path | None = None) -> dict:
     what, command = WHAT[name]
     command = command or ci_command(root)
     clone = fresh_clone(root)
+    # compiled code starts cold, as on the new machine CI runs on: Inductor's kernels and FIRE's
+    # extension are built again, into empty caches, not read from this machine's
+    caches = Path(tempfile.mkdtemp(prefix="posenc-measure-caches-"))
     env = dict(os.environ, PYTHONPATH=f"{clone / 'src'}{os.pathsep}{clone}",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TORCH_EXTENSIONS_DIR=str(caches / "torch_extensions"))
     env.pop("POSENC_ROOT", None)
     try:
         load, t0 = os.getloadavg(), time.time()
@@ -97,6 +104,7 @@ def measure(name: str, root: Path = ROOT, output: Path | None = None) -> dict:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     finally:
         shutil.rmtree(clone, ignore_errors=True)
+        shutil.rmtree(caches, ignore_errors=True)
     return {"what": what, "command": " ".join(command), "seconds": round(seconds, 1), "said": said, "commit": commit,
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "cpu": machine()["cpu"],
             "cores": len(os.sched_getaffinity(0)), "threads": env.get("OMP_NUM_THREADS"),
