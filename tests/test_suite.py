@@ -63,18 +63,24 @@ def test_a_skip_fails_where_skips_are_not_allowed(tmp_path):
 
 def test_the_full_suite_runs_two_workers_per_core_the_fast_tier_xdists_own(monkeypatch):
     """``-n auto``: pytest-xdist's own count (a worker per core) for the fast tier, two workers per
-    core for ``--full``, no more than the memory holds at 2 GiB each."""
+    core for ``--full``, no more than the memory holds at 2 GiB each; pytest-xdist's variable sets
+    both. The cores are pytest-xdist's count, stood in for here by three."""
     from types import SimpleNamespace
+
+    import xdist.plugin
 
     from .conftest import pytest_xdist_auto_num_workers
 
     def config(full: bool):
         return SimpleNamespace(getoption=lambda name: full if name == "--full" else None)
 
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(xdist.plugin, "pytest_xdist_auto_num_workers", lambda config: 3)
     pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 64 * 2**30 // 4096}
     monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
     assert pytest_xdist_auto_num_workers(config(False)) is None
     assert pytest_xdist_auto_num_workers(config(True)) == 6
     pages["SC_PHYS_PAGES"] = 9 * 2**30 // 4096  # 9 GiB: four workers
     assert pytest_xdist_auto_num_workers(config(True)) == 4
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")  # the user's count, as pytest-xdist reads it
+    assert pytest_xdist_auto_num_workers(config(True)) is None
