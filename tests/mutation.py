@@ -92,9 +92,16 @@ def run(names: list[str] | tuple[str, ...], max_children: int) -> None:
     """``mutmut run`` of the named mutants (names or patterns; mutmut judges each again)."""
     exe = str(Path(sys.executable).with_name("mutmut"))
     r = subprocess.run([exe, "run", "--max-children", str(max_children), *names], cwd=REPO,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-    if r.returncode not in (0, 1):  # 1: some mutants survived
-        raise SystemExit(f"mutmut run failed with exit {r.returncode}")
+                       capture_output=True, text=True)  # fmt: skip
+    out = r.stdout.replace("\r", "\n")
+    # 1: some mutants survived; but mutmut also ends with 1, having judged nothing, when the tests
+    # fail on the unmutated code (its "stats" run), and says so only in its output
+    if r.returncode not in (0, 1) or "failed to collect stats" in out:
+        tail = "\n".join(ln for ln in out.splitlines()[-40:] if ln.strip())
+        raise SystemExit(f"mutmut run failed (exit {r.returncode}); the end of its output:\n{tail}\n"
+                         f"{r.stderr[-3000:]}\n"
+                         "(the tests must pass on the unmutated copy under mutants/: set debug = true under "
+                         "[tool.mutmut] in pyproject.toml to see them)")
 
 
 def results() -> dict[str, str]:
@@ -324,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         if todo:
             run(todo, a.max_children)
     text, counts = report(results())
+    if not a.report_only and counts["mutants"] == counts["pending"]:
+        raise SystemExit("no mutant was judged: docs/mutation.md is left as it was")
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(text)
     print(re.sub(r"\n## Equivalent mutants.*", "", text, flags=re.S))

@@ -276,6 +276,29 @@ def test_base_defaults():
     assert (sch.max_len, sch.causal, sch.head_dim) == (1024, True, 4)
 
 
+@pytest.mark.parametrize(
+    "parts,has_bias,position_only,value_term",
+    [
+        ((), False, False, False),
+        (("relative_bias",), True, True, False),
+        (("absolute_bias",), True, True, False),
+        (("content_bias",), True, False, False),
+        (("relative_bias", "content_bias"), True, False, False),
+        (("absolute_bias", "value_term"), True, True, True),
+        (("value_term",), False, False, True),
+        (("rotate", "embed"), False, False, False),
+    ],
+)
+def test_the_derived_flags_follow_the_parts_a_new_class_defines(parts, has_bias, position_only, value_term):
+    """The flags are set when a class is made (``__init_subclass__``), so a class made here, not at
+    import, is the one that checks them; the table is the base module's definition: a bias part
+    (relative, absolute or content) adds a bias, which is position-only without a content part, and
+    a value term needs the probabilities."""
+    cls = type("Made", (PositionalScheme,), {part: lambda self, *a: None for part in parts})
+    assert (cls.has_bias, cls.position_only_bias, cls.uses_value_term) == (has_bias, position_only, value_term)
+    assert all(cls.defines(p) == (p in parts) for p in PositionalScheme.PARTS)
+
+
 # ------------------------------------------------------ per-scheme references
 def shaw_tables(sch, q_pos, k_pos):
     k = sch.max_relative_position

@@ -257,6 +257,50 @@ def test_a_test_read_the_other_way_round():
     assert points["diff"] == pytest.approx(-0.195)
 
 
+def test_every_field_of_a_test_read_the_other_way_round():
+    """Field by field against the definition (the reference's side and ours swapped): the
+    difference and interval inverted, t negated, the variances and seed counts swapped, ahead and
+    behind exchanged while equivalent and undecided stay; what is absent stays absent and the test
+    itself is left as it was."""
+    t = {"scale": "log", "diff": 1.25, "ci": [1.1, 1.6], "t": 2.5, "var": [0.01, 0.04], "n": [5, 4], "p": 0.01,
+         "p_adj": 0.03, "against": "alibi", "verdict": stats.BEHIND, "m": 3}
+    before = {k: list(v) if isinstance(v, list) else v for k, v in t.items()}
+    r = stats.reversed_test(t, "rope")
+    assert t == before
+    assert r["diff"] == pytest.approx(0.8) and r["ci"] == pytest.approx([1 / 1.6, 1 / 1.1])
+    expected = {**t, "t": -2.5, "var": [0.04, 0.01], "n": [4, 5], "against": "rope", "verdict": stats.AHEAD}
+    assert {k: v for k, v in r.items() if k not in ("diff", "ci")} == {
+        k: v for k, v in expected.items() if k not in ("diff", "ci")}
+    for kept in (stats.EQUIVALENT, stats.UNDECIDED, stats.UNTESTED):
+        assert stats.reversed_test({**t, "verdict": kept}, "rope")["verdict"] == kept
+    points = {"scale": "points", "diff": 0.1, "ci": [0.05, 0.2], "t": None, "n": [3, 3], "against": "none"}
+    r = stats.reversed_test(points, "sinusoidal")
+    assert r == {**points, "diff": -0.1, "ci": [-0.2, -0.05], "against": "sinusoidal"}
+    assert "var" not in r and "verdict" not in r and r["t"] is None
+    bare = stats.reversed_test({**points, "ci": None, "var": []}, "sinusoidal")
+    assert bare["ci"] is None and bare["var"] == []
+
+
+def test_a_tally_lists_each_verdict_in_order_with_the_seeds_of_both_sides():
+    def test(verdict, n, needed=None):
+        return {"verdict": verdict, "n": n, "m": 4, "seeds_needed": needed}
+
+    family = {"a": test(stats.BEHIND, [5, 5]), "b": test(stats.UNDECIDED, [3, 5], 9), "c": test(stats.AHEAD, [5, 5]),
+              "d": test(stats.UNDECIDED, [4, 5], None), "e": test(stats.BEHIND, [5, 5])}
+    assert stats.tally(family) == {
+        "verdicts": {stats.AHEAD: ["c"], stats.BEHIND: ["a", "e"], stats.EQUIVALENT: [], stats.UNDECIDED: ["b", "d"],
+                     stats.UNTESTED: []},
+        "m": 4, "seeds": [3, 4, 5], "needed": {"b": 9, "d": None}}
+    assert stats.tally({}) == {"verdicts": {v: [] for v in stats.VERDICTS}, "m": 0, "seeds": [], "needed": {}}
+
+
+def test_a_margin_is_shown_as_a_share_or_as_points_and_no_margin_as_nothing():
+    assert stats.shown_margin({"margin": 0.05, "scale": "log"}) == "±5%"
+    assert stats.shown_margin({"margin": 0.125, "scale": "log"}) == "±12.5%"
+    assert stats.shown_margin({"margin": 0.1, "scale": "points"}) == "±10.0 pt"
+    assert stats.shown_margin({"margin": None, "scale": "log"}) == "" == stats.shown_margin({"scale": "points"})
+
+
 def test_detectable_and_seeds_needed_meet_the_power():
     t = stats.compare([0.40, 0.45, 0.50], [0.30, 0.35, 0.40])
     d = stats.detectable(t, 0.05)

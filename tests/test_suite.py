@@ -84,3 +84,30 @@ def test_the_full_suite_runs_two_workers_per_core_the_fast_tier_xdists_own(monke
     assert pytest_xdist_auto_num_workers(config(True)) == 4
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")  # the user's count, as pytest-xdist reads it
     assert pytest_xdist_auto_num_workers(config(True)) is None
+
+
+def test_a_mutation_run_that_judged_nothing_stops_and_keeps_the_last_report(monkeypatch, tmp_path):
+    """mutmut ends with 1 both when mutants survived and when the tests failed on the unmutated
+    copy (its stats run, which then judges nothing): the second must stop ``python -m
+    tests.mutation`` with mutmut's output, not write a score of nothing."""
+    from tests import mutation
+
+    def mutmut_says(text: str):
+        return lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, text, "")
+
+    failed = "Running stats\rfailed to collect stats. runner returned 1\n"
+    monkeypatch.setattr(mutation.subprocess, "run", mutmut_says(failed))
+    with pytest.raises(SystemExit, match="failed to collect stats"):
+        mutation.run(["posenc.*"], 1)
+    monkeypatch.setattr(mutation.subprocess, "run", mutmut_says("done in 9s\n"))  # survivors: exit 1, nothing wrong
+    mutation.run(["posenc.*"], 1)
+
+    # and a run that left every mutant unjudged writes no report
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "REPORT", tmp_path / "mutation.md")
+    monkeypatch.setattr(mutation, "run", lambda names, n: None)
+    monkeypatch.setattr(mutation, "results", lambda: {"posenc.data.x_f__mutmut_1": mutation.NOT_JUDGED})
+    monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit, match="no mutant was judged"):
+        mutation.main([])
+    assert not (tmp_path / "mutation.md").exists()
