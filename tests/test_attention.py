@@ -472,3 +472,23 @@ def test_in_training_only_a_mask_that_layers_share_is_built_whole_and_kept(name,
     big = {storage for n, storage in saved if n >= H * T * T}
     assert len(built) == (1 if shared else 0)
     assert len(big) == (1 if shared else 0), f"{len(big)} saved tensors of H T^2 entries or more"
+
+
+def test_a_new_flex_route_on_the_cpu_keeps_the_gates_reason_once_per_kind_of_call():
+    """A route made here (the process's own is made at import): it serves ALiBi, refuses nothing
+    yet, and on the CPU its verdict for a call is the device gate's reason, kept under the call's
+    kind (scheme class, dtype, q/k and v head dims, causal, grad mode, device), so ``auto`` takes
+    a float-mask route; a reset forgets it."""
+    from posenc.attention.flex import FlexRoute
+    from posenc.attention.flex_gates import device_gate
+
+    route, sch = FlexRoute(), ALiBi(d_model=D, n_heads=H)
+    attn = Attention(D, H, sch, True)
+    x = torch.randn(1, 5, D)
+    assert route.serves(sch) and route.refused is None and route.verdicts == {}
+    reason = route.verdict(attn, x)
+    assert reason == device_gate(x.device, D // H, D // H) and reason.startswith("not a CUDA device")
+    assert route.verdicts == {(ALiBi, torch.float32, D // H, D // H, True, True, "cpu"): reason}
+    assert not route.applies(attn, x, torch.arange(5)) and route.refused is None
+    route.reset()
+    assert route.verdicts == {}

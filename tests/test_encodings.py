@@ -299,6 +299,45 @@ def test_the_derived_flags_follow_the_parts_a_new_class_defines(parts, has_bias,
     assert all(cls.defines(p) == (p in parts) for p in PositionalScheme.PARTS)
 
 
+def test_a_scheme_of_ones_own_whose_bias_reads_the_keys_gets_its_terms_from_the_mixin():
+    """``ContentBiasTerms`` is offered for a scheme of one's own (its docstring): the word-position
+    term is the bias of the word queries *and keys*, so a bias that reads k (here k_j · w, a
+    content score of the key alone) is split as the attention uses it; and a position part given
+    to it is refused."""
+    from posenc.encodings.content_bias import ContentBiasTerms
+
+    class KeyScore(ContentBiasTerms, PositionalScheme):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.w = torch.nn.Parameter(torch.randn(self.head_dim))
+
+        def content_bias(self, q, k, q_pos, k_pos):
+            return (k @ self.w)[..., None, :] * self.logit_scale()  # (B, H, 1, Tk)
+
+    sch = KeyScore(d_model=D, n_heads=H)
+    q, k = qk(Tq=5, Tk=5)
+    pos = torch.arange(5)
+    terms = sch.terms(q, k, None, None, pos, pos)
+    s = sch.logit_scale()
+    torch.testing.assert_close(terms["word-word"], torch.einsum("bhid,bhjd->bhij", q, k) * s, **TOL)
+    torch.testing.assert_close(terms["word-position"], (k @ sch.w)[..., None, :].expand(2, H, 5, 5) * s, **TOL)
+    torch.testing.assert_close(sum(terms.values()), sch.bias(q, k, pos, pos) + q @ k.transpose(-1, -2) * s, **TOL)
+    with pytest.raises(ValueError, match="adds nothing to the input"):
+        sch.terms(q, k, q, k, pos, pos)
+    # without the mixin, the default terms still sum to the logits (the bias, of the keys it is
+    # given, under position-position)
+    class KeyScorePlain(PositionalScheme):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.w = sch.w
+
+        content_bias = KeyScore.content_bias
+
+    plain = KeyScorePlain(d_model=D, n_heads=H)
+    terms = plain.terms(q, k, None, None, pos, pos)
+    torch.testing.assert_close(sum(terms.values()), plain.bias(q, k, pos, pos) + q @ k.transpose(-1, -2) * s, **TOL)
+
+
 # ------------------------------------------------------ per-scheme references
 def shaw_tables(sch, q_pos, k_pos):
     k = sch.max_relative_position
@@ -1268,6 +1307,13 @@ def test_dtypes_follow_the_activations(name, causal):
         if b is not None:
             assert b.dtype == (torch.float32 if sch.position_only_bias else f64), b.dtype
             torch.testing.assert_close(b.float(), b32, **loose)
+        if e is None:  # the Ke et al. terms too: a content-dependent one in the activations' dtype
+            t, t32 = sch.terms(q, k, None, None, pos, pos), sch.terms(q.float(), k.float(), None, None, pos, pos)
+            assert t.keys() == t32.keys()
+            for part, term in t.items():
+                torch.testing.assert_close(term.float(), t32[part], **loose)
+            if sch.has_bias and not sch.position_only_bias:
+                assert {term.dtype for term in t.values()} == {f64}
         if sch.uses_value_term:
             v = sch.value_term(probs, pos, pos)
             assert v.dtype == f64

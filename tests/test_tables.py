@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import yaml
 from scipy import stats
 
 from analysis.stats import BEHIND, EQUIVALENT, against, compare, family, format_p
@@ -544,6 +545,78 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     assert list(json.loads((tmp_path / "o2" / "mlm_table.json").read_text())["tests"]) == ["learned", "shaw"]
     with pytest.raises(SystemExit):
         tables.main([*runs])
+
+
+def test_the_tables_stage_gives_each_setting_to_the_table_it_belongs_to(tmp_path, monkeypatch, capsys):
+    """Every file ``pipelines.tables`` writes is the library's table made with the settings it
+    was given, composed here directly: with its defaults (ratios against ``alibi`` within 5%,
+    accuracies against ``none`` within 2 points, the tasks the runs name) and with every one
+    changed (the margins, the masked LM's reference, ``lm_table.pairs`` and the tasks, in
+    their order, from the params file)."""
+    from analysis.lm import compare_lm, compare_pairs, lm_markdown, lm_table, parse_pairs
+
+    for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST):
+        _study_files(tmp_path, s)
+    monkeypatch.chdir(tmp_path)
+    runs = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*.json"))
+    ex = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "extrapolation").glob("*.csv"))
+
+    def written(path, obj):
+        assert (tmp_path / path).read_text() == json.dumps(obj, indent=2) + "\n", path
+
+    def check(out, md, lm_margin, mlm_reference, mlm_margin, pairs_text, tasks):
+        lm = compare_lm(lm_table(ex), "alibi", lm_margin)
+        pairs = compare_pairs(lm, parse_pairs(pairs_text), lm_margin)
+        written(f"{out}/lm_table.json", lm)
+        written(f"{out}/lm_pairs.json", pairs)
+        assert (tmp_path / md / "lm_table.md").read_text() == lm_markdown(lm, "alibi", pairs)
+        mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin)
+        written(f"{out}/mlm_table.json", mlm)
+        task_table = tables.tasks_table(runs, tasks)
+        assert task_table["mlm"]["schemes"]["none"]["seeds"] == [0, 1]  # the runs have no global_step:
+        assert task_table["mlm"]["schemes"]["none"]["steps"] is None  # no step count to give
+        written(f"{out}/tasks_table.json", task_table)
+        assert (tmp_path / md / "tasks_table.md").read_text() == tables.tasks_markdown(task_table)
+        assert capsys.readouterr().out == lm_markdown(lm, "alibi", pairs) + "\n" + tables.mlm_markdown(mlm) + "\n"
+        return lm, pairs, mlm
+
+    tables.main([*runs, "--extrapolation", *ex])
+    lm, pairs, mlm = check("results", "figures", 0.05, "none", 0.02, None, ["mlm"])
+    assert lm["none"]["tests"]["ratio"]["2"]["margin"] == 0.05 and pairs == {}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "schemes": {s: {} for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST)},
+        "lm_table": {"pairs": {"relative": "shaw:none learned:sinusoidal"}}, "tasks": {"lm": {}, "mlm": {}}}))
+    tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-margin", "0.1", "--mlm-margin", "0.05",
+                 "--mlm-reference", "sinusoidal", "--out-dir", "o", "--md-dir", "m"])
+    lm, pairs, mlm = check("o", "m", 0.1, "sinusoidal", 0.05, {"relative": "shaw:none learned:sinusoidal"},
+                           ["lm", "mlm"])
+    assert lm["none"]["tests"]["ratio"]["2"]["margin"] == 0.1 and len(pairs["relative"]) == 2
+
+
+def test_the_every_task_table_in_markdown_written_out_by_hand():
+    """``tasks_markdown`` against the tables typed out: shares in % with one decimal, other
+    metrics with three, ± sd only over more than one seed, a dash for a missing metric or step
+    count, the title only where it is not the task's name, and a task without runs as a bare head."""
+    t = {"lm": {"title": "causal LM", "class": "posenc.tasks.LM", "metrics": ["val/ppl", "val/acc"],
+                "schemes": {"alibi": {"seeds": [0, 1], "steps": 500.0,
+                                      "metrics": {"val/ppl": {"mean": 5.5, "sd": 0.25},
+                                                  "val/acc": {"mean": 0.4, "sd": 0.01}}},
+                            "none": {"seeds": [3], "steps": None, "metrics": {"val/ppl": {"mean": 9.0, "sd": None}}}}},
+         "mlm": {"title": "mlm", "class": "posenc.tasks.MLM", "metrics": ["val/acc"], "schemes": {}}}
+    said = "validation at the end of training, mean ± sd over seeds (one seed: its value)"
+    assert tables.tasks_markdown(t) == (
+        f"**`lm`**, causal LM (`posenc.tasks.LM`): {said}\n"
+        "\n"
+        "| scheme | val/ppl | val/acc (%) | steps | seeds |\n"
+        "| --- | ---: | ---: | ---: | ---: |\n"
+        "| `alibi` | 5.500 ± 0.250 | 40.0 ± 1.0 | 500 | 2 |\n"
+        "| `none` | 9.000 | — | — | 1 |\n"
+        "\n"
+        f"**`mlm`** (`posenc.tasks.MLM`): {said}\n"
+        "\n"
+        "| scheme | val/acc (%) | steps | seeds |\n"
+        "| --- | ---: | ---: | ---: |\n")
 
 
 def test_the_every_task_table_asks_each_task_what_it_logs(tmp_path):
