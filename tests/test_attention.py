@@ -492,3 +492,31 @@ def test_a_new_flex_route_on_the_cpu_keeps_the_gates_reason_once_per_kind_of_cal
     assert not route.applies(attn, x, torch.arange(5)) and route.refused is None
     route.reset()
     assert route.verdicts == {}
+
+
+def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_the_dense_formula(monkeypatch):
+    """A bias that reads the keys (k_j · w) beside a value term (each row's mass times a learned
+    vector) sends training through the recomputing route, whose blocks must hand the bias the
+    keys of their columns: output and every gradient against the dense formula, in blocks of 4 rows."""
+
+    class KeyScoreValue(PositionalScheme):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.w = torch.nn.Parameter(torch.randn(self.head_dim))
+            self.u = torch.nn.Parameter(torch.randn(self.head_dim))
+
+        def content_bias(self, q, k, q_pos, k_pos):
+            return (k @ self.w.to(k.dtype))[..., None, :].expand(*k.shape[:-2], q.shape[-2], k.shape[-2])
+
+        def value_term(self, probs, q_pos, k_pos):
+            return (probs * (k_pos[None, :] % 3).to(probs.dtype)).sum(-1, keepdim=True) * self.u.to(probs.dtype)
+
+    T = 12
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * T * 4)
+    torch.manual_seed(0)
+    attn = Attention(D, H, KeyScoreValue(d_model=D, n_heads=H, max_len=32), True).train()
+    h, pos = torch.randn(3, T, D, requires_grad=True), torch.arange(T) + 5
+    assert attn.route(h, pos) == RECOMPUTED
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)

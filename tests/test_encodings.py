@@ -345,6 +345,27 @@ def shaw_tables(sch, q_pos, k_pos):
     return sch.rel_key[idx], sch.rel_value[idx]  # naive (Tq, Tk, Dh) each
 
 
+@pytest.mark.parametrize("k", [0, 1, 2, 5])
+@pytest.mark.parametrize("Tq,Tk,q0,k0", [(1, 1, 0, 0), (1, 6, 5, 0), (6, 6, 0, 0), (4, 9, 5, 0), (9, 4, 0, 0),
+                                         (3, 5, 10, 0), (5, 3, 0, 10), (6, 6, 3, 3), (0, 5, 0, 0), (5, 0, 0, 0)])
+@pytest.mark.parametrize("later_zero", [False, True])
+def test_shaw_sums_per_clipped_distance_are_a_scatter_of_every_pair(k, Tq, Tk, q0, k0, later_zero):
+    """``Shaw.per_distance`` (its gather, triangle and remainder for consecutive positions) against
+    the definition, a loop over every pair adding probs[i, j] at clip(k_pos[j] - q_pos[i], -k, k):
+    clipping widths 0 to 5, one query or one key, either sequence shorter or empty, the queries
+    before, after or level with the keys, and later keys zero (causal probabilities) or not."""
+    sch = build("shaw", True, max_relative_position=k)
+    q_pos, k_pos = torch.arange(Tq) + q0, torch.arange(Tk) + k0
+    probs = torch.rand(2, H, Tq, Tk, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    if later_zero:
+        probs = probs * (k_pos[None, :] <= q_pos[:, None])
+    ref = torch.zeros(2, H, Tq, 2 * k + 1, dtype=torch.float64)
+    for i in range(Tq):
+        for j in range(Tk):
+            ref[..., i, int((k_pos[j] - q_pos[i]).clamp(-k, k)) + k] += probs[..., i, j]
+    torch.testing.assert_close(sch.per_distance(probs, q_pos, k_pos, later_zero), ref, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("Tq,Tk,gapped", [(9, 9, False), (4, 9, False), (9, 9, True)])
 def test_shaw_vs_naive_gather(causal, Tq, Tk, gapped):
@@ -1314,6 +1335,9 @@ def test_dtypes_follow_the_activations(name, causal):
                 torch.testing.assert_close(term.float(), t32[part], **loose)
             if sch.has_bias and not sch.position_only_bias:
                 assert {term.dtype for term in t.values()} == {f64}
+        if sch.has_bias and not sch.position_only_bias:  # and in bfloat16, which float32 parameters would promote
+            bf = torch.bfloat16
+            assert sch.bias(*sch.rotate(q.to(bf), k.to(bf), pos, pos), pos, pos).dtype == bf
         if sch.uses_value_term:
             v = sch.value_term(probs, pos, pos)
             assert v.dtype == f64

@@ -572,6 +572,9 @@ def test_the_tables_stage_gives_each_setting_to_the_table_it_belongs_to(tmp_path
         assert (tmp_path / md / "lm_table.md").read_text() == lm_markdown(lm, "alibi", pairs)
         mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin)
         written(f"{out}/mlm_table.json", mlm)
+        assert {t["margin"] for t in mlm["tests"].values()} == {mlm_margin}  # both families at that margin
+        assert {e["vs_reference"]["margin"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_margin}
+        assert {e["vs_reference"]["against"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_reference}
         task_table = tables.tasks_table(runs, tasks)
         assert task_table["mlm"]["schemes"]["none"]["seeds"] == [0, 1]  # the runs have no global_step:
         assert task_table["mlm"]["schemes"]["none"]["steps"] is None  # no step count to give
