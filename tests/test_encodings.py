@@ -338,6 +338,19 @@ def test_a_scheme_of_ones_own_whose_bias_reads_the_keys_gets_its_terms_from_the_
     torch.testing.assert_close(sum(terms.values()), plain.bias(q, k, pos, pos) + q @ k.transpose(-1, -2) * s, **TOL)
 
 
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn"])
+def test_a_scaled_rotation_keeps_the_activations_dtype(scaling):
+    """Past L every rule rescales the angles, and YaRN multiplies q and k by a float32 factor: in
+    bfloat16 activations q and k stay bfloat16 and equal the float32 rotation rounded."""
+    sch = build("rope", scaling=scaling, original_len=4)
+    q, k = qk(Tq=9, Tk=9)
+    pos = torch.arange(9)
+    qb, kb = sch.rotate(q.bfloat16(), k.bfloat16(), pos, pos)
+    assert (qb.dtype, kb.dtype) == (torch.bfloat16, torch.bfloat16)
+    q32, k32 = sch.rotate(q.bfloat16().float(), k.bfloat16().float(), pos, pos)
+    torch.testing.assert_close((qb.float(), kb.float()), (q32, k32), atol=0.05, rtol=0.02)
+
+
 # ------------------------------------------------------ per-scheme references
 def shaw_tables(sch, q_pos, k_pos):
     k = sch.max_relative_position
@@ -1335,9 +1348,11 @@ def test_dtypes_follow_the_activations(name, causal):
                 torch.testing.assert_close(term.float(), t32[part], **loose)
             if sch.has_bias and not sch.position_only_bias:
                 assert {term.dtype for term in t.values()} == {f64}
-        if sch.has_bias and not sch.position_only_bias:  # and in bfloat16, which float32 parameters would promote
-            bf = torch.bfloat16
-            assert sch.bias(*sch.rotate(q.to(bf), k.to(bf), pos, pos), pos, pos).dtype == bf
+        bf = torch.bfloat16  # and in bfloat16, which float32 parameters or angles would promote
+        qb, kb = sch.rotate(q.to(bf), k.to(bf), pos, pos)
+        assert (qb.dtype, kb.dtype) == (bf, bf)
+        if sch.has_bias and not sch.position_only_bias:
+            assert sch.bias(qb, kb, pos, pos).dtype == bf
         if sch.uses_value_term:
             v = sch.value_term(probs, pos, pos)
             assert v.dtype == f64
