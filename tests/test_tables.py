@@ -504,6 +504,17 @@ def test_check_provenance_names_each_group_largest_first(tmp_path):
 DEFAULT_AGAINST = ["none", "sinusoidal", "learned", "shaw", "transformer_xl"]
 
 
+def _stage_inputs(tmp_path, monkeypatch) -> tuple[list[str], list[str]]:
+    """The study files of the default question and comparisons, the working directory set where
+    they are (as dvc runs the stage): (runs files, extrapolation files)."""
+    for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST):
+        _study_files(tmp_path, s)
+    monkeypatch.chdir(tmp_path)
+    runs = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*.json"))
+    ex = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "extrapolation").glob("*.csv"))
+    return runs, ex
+
+
 def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys):
     """``pipelines.tables`` with its defaults, run where dvc runs it: the ratios are compared
     with ``alibi``, the masked-LM question is ``fixed_bidirectional`` against none,
@@ -512,13 +523,10 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
     figures/{lm_table,mlm_table}.md, and prints both tables. A question or comparison
     scheme without results is noted on stderr; ``--against`` takes any number of schemes;
     the extrapolation files are required."""
-    for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST):
-        _study_files(tmp_path, s)
-    monkeypatch.chdir(tmp_path)
-    runs = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*.json"))
-    ex = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "extrapolation").glob("*.csv"))
+    runs, ex = _stage_inputs(tmp_path, monkeypatch)
     tables.main([*runs, "--extrapolation", *ex])
     out = capsys.readouterr()
+    assert _as_composed(tmp_path, runs, ex, "results", "figures", out.out, 0.05, "none", 0.02, None, ["mlm"]) == {}
     lm = json.loads((tmp_path / "results" / "lm_table.json").read_text())
     mlm = json.loads((tmp_path / "results" / "mlm_table.json").read_text())
     assert {e["tests"]["ratio"]["2"]["against"] for s, e in lm.items() if s != "alibi"} == {"alibi"}
@@ -547,54 +555,50 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
         tables.main([*runs])
 
 
-def test_the_tables_stage_gives_each_setting_to_the_table_it_belongs_to(tmp_path, monkeypatch, capsys):
-    """Every file ``pipelines.tables`` writes is the library's table made with the settings it
-    was given, composed here directly: with its defaults (ratios against ``alibi`` within 5%,
-    accuracies against ``none`` within 2 points, the tasks the runs name) and with every one
-    changed (the margins, the masked LM's reference, ``lm_table.pairs`` and the tasks, in
-    their order, from the params file)."""
+def _as_composed(tmp_path, runs, ex, out, md, printed, lm_margin, mlm_reference, mlm_margin, pairs_text, tasks):
+    """Every file ``pipelines.tables`` wrote under ``out`` and ``md`` (and what it printed) is the
+    library's table composed here with the settings it was given: the LM table against ``alibi``,
+    the named pairs, the masked-LM table with its reference and margin, the tasks in order."""
     from analysis.lm import compare_lm, compare_pairs, lm_markdown, lm_table, parse_pairs
-
-    for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST):
-        _study_files(tmp_path, s)
-    monkeypatch.chdir(tmp_path)
-    runs = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").glob("*.json"))
-    ex = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "extrapolation").glob("*.csv"))
 
     def written(path, obj):
         assert (tmp_path / path).read_text() == json.dumps(obj, indent=2) + "\n", path
 
-    def check(out, md, lm_margin, mlm_reference, mlm_margin, pairs_text, tasks):
-        lm = compare_lm(lm_table(ex), "alibi", lm_margin)
-        pairs = compare_pairs(lm, parse_pairs(pairs_text), lm_margin)
-        written(f"{out}/lm_table.json", lm)
-        written(f"{out}/lm_pairs.json", pairs)
-        assert (tmp_path / md / "lm_table.md").read_text() == lm_markdown(lm, "alibi", pairs)
-        mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin)
-        written(f"{out}/mlm_table.json", mlm)
-        assert {t["margin"] for t in mlm["tests"].values()} == {mlm_margin}  # both families at that margin
-        assert {e["vs_reference"]["margin"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_margin}
-        assert {e["vs_reference"]["against"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_reference}
-        task_table = tables.tasks_table(runs, tasks)
-        assert task_table["mlm"]["schemes"]["none"]["seeds"] == [0, 1]  # the runs have no global_step:
-        assert task_table["mlm"]["schemes"]["none"]["steps"] is None  # no step count to give
-        written(f"{out}/tasks_table.json", task_table)
-        assert (tmp_path / md / "tasks_table.md").read_text() == tables.tasks_markdown(task_table)
-        assert capsys.readouterr().out == lm_markdown(lm, "alibi", pairs) + "\n" + tables.mlm_markdown(mlm) + "\n"
-        return lm, pairs, mlm
+    lm = compare_lm(lm_table(ex), "alibi", lm_margin)
+    pairs = compare_pairs(lm, parse_pairs(pairs_text), lm_margin)
+    written(f"{out}/lm_table.json", lm)
+    written(f"{out}/lm_pairs.json", pairs)
+    assert (tmp_path / md / "lm_table.md").read_text() == lm_markdown(lm, "alibi", pairs)
+    mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin)
+    written(f"{out}/mlm_table.json", mlm)
+    assert {t["margin"] for t in mlm["tests"].values()} == {mlm_margin}  # both families at that margin
+    assert {e["vs_reference"]["margin"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_margin}
+    assert {e["vs_reference"]["against"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_reference}
+    task_table = tables.tasks_table(runs, tasks)
+    assert task_table["mlm"]["schemes"]["none"]["seeds"] == [0, 1]  # the runs have no global_step:
+    assert task_table["mlm"]["schemes"]["none"]["steps"] is None  # no step count to give
+    written(f"{out}/tasks_table.json", task_table)
+    assert (tmp_path / md / "tasks_table.md").read_text() == tables.tasks_markdown(task_table)
+    assert printed == lm_markdown(lm, "alibi", pairs) + "\n" + tables.mlm_markdown(mlm) + "\n"
+    assert lm["none"]["tests"]["ratio"]["2"]["margin"] == lm_margin
+    return pairs
 
-    tables.main([*runs, "--extrapolation", *ex])
-    lm, pairs, mlm = check("results", "figures", 0.05, "none", 0.02, None, ["mlm"])
-    assert lm["none"]["tests"]["ratio"]["2"]["margin"] == 0.05 and pairs == {}
+
+def test_the_tables_stage_gives_each_setting_to_the_table_it_belongs_to(tmp_path, monkeypatch, capsys):
+    """With every setting changed from its default (the margins, the masked LM's reference,
+    ``lm_table.pairs`` and the tasks, in their order, from the params file), each file of
+    ``pipelines.tables`` is the library's table made with it (``_as_composed``; the defaults are
+    checked the same way in ``test_tables_stage_defaults_and_what_it_writes``)."""
+    runs, ex = _stage_inputs(tmp_path, monkeypatch)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({
         "schemes": {s: {} for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST)},
         "lm_table": {"pairs": {"relative": "shaw:none learned:sinusoidal"}}, "tasks": {"lm": {}, "mlm": {}}}))
     tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-margin", "0.1", "--mlm-margin", "0.05",
                  "--mlm-reference", "sinusoidal", "--out-dir", "o", "--md-dir", "m"])
-    lm, pairs, mlm = check("o", "m", 0.1, "sinusoidal", 0.05, {"relative": "shaw:none learned:sinusoidal"},
-                           ["lm", "mlm"])
-    assert lm["none"]["tests"]["ratio"]["2"]["margin"] == 0.1 and len(pairs["relative"]) == 2
+    pairs = _as_composed(tmp_path, runs, ex, "o", "m", capsys.readouterr().out, 0.1, "sinusoidal", 0.05,
+                         {"relative": "shaw:none learned:sinusoidal"}, ["lm", "mlm"])
+    assert len(pairs["relative"]) == 2
 
 
 def test_the_every_task_table_in_markdown_written_out_by_hand():
