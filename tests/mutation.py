@@ -99,7 +99,7 @@ def run(names: list[str] | tuple[str, ...], max_children: int) -> None:
     # 1: some mutants survived; but mutmut also ends with 1, having judged nothing, when the tests
     # fail on the unmutated code (its "stats" run), and says so only in its output
     if r.returncode not in (0, 1) or "failed to collect stats" in out:
-        tail = "\n".join([ln for ln in out.splitlines() if ln.strip() and not ln.lstrip()[:1] in SPINNER][-40:])
+        tail = "\n".join([ln for ln in out.splitlines() if ln.strip() and ln.lstrip()[:1] not in SPINNER][-40:])
         raise SystemExit(f"mutmut run failed (exit {r.returncode}); the end of its output:\n{tail}\n"
                          f"{r.stderr[-3000:]}\n"
                          "(the tests must pass on the unmutated copy under mutants/: set debug = true under "
