@@ -273,8 +273,8 @@ def dvc_yaml(stages: Sequence[Stage] = STAGES, root: Path = ROOT) -> str:
 
 
 def write(root: Path = ROOT, stages: Sequence[Stage] = STAGES) -> list[Path]:
-    """Write ``root/dvc.yaml`` and the pipeline of every profile that has one (``pipelines.profile``);
-    the files that changed."""
+    """Write ``root/dvc.yaml`` and the pipeline of every profile that has one (``pipelines.profile``),
+    but a frozen profile's (it keeps the stages that made its results); the files that changed."""
     from . import profile
 
     changed = []
@@ -285,7 +285,7 @@ def write(root: Path = ROOT, stages: Sequence[Stage] = STAGES) -> list[Path]:
         changed.append(target)
     for name in profile.profiles(root):
         made = root / "profiles" / name / "dvc.yaml"
-        if made.exists() and made.read_text() != (text := profile.render(name, root)):
+        if made.exists() and not profile.frozen(name, root) and made.read_text() != (text := profile.render(name, root)):
             made.write_text(text)
             changed.append(made)
     return changed

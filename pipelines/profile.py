@@ -21,6 +21,15 @@ which they leave out and whose outputs git ignores. ``dvc repro``
 at the project root does not run a profile; ``dvc status`` lists the stages of a
 profile's pipeline whose code or settings changed since its results were made. Its
 ``dvc.lock`` records which code made them.
+
+A profile can be *frozen* (``python -m pipelines.profile <name> --freeze "<why>"``: its
+params.yaml gains ``frozen: <why>``): its results stay the record of the code that made them
+(an exploratory study kept beside a confirmatory one). Every stage of its pipeline is then
+marked ``frozen: true``, which ``dvc status`` does not check and ``dvc repro`` does not run; its
+``dvc.yaml`` keeps the stages that made the results (``--check`` asks only that each is frozen,
+not that it follows the project's ``dvc.yaml``), and running it is refused: ``dvc repro
+--force`` would record today's code in its ``dvc.lock`` without training anything.
+``--thaw`` lifts this, writing the pipeline from the project's again, to run it anew.
 """
 
 from __future__ import annotations
@@ -111,14 +120,78 @@ def profile_pipeline(name: str, pipeline: dict) -> dict:
     return result
 
 
+def frozen_pipeline(pipeline: dict) -> dict:
+    """``pipeline`` (a dvc.yaml as loaded) with every stage marked ``frozen: true`` (in ``do``
+    for a stage made per item)."""
+    stages = {}
+    for stage, spec in pipeline["stages"].items():
+        spec = dict(spec)
+        if "do" in spec:
+            spec["do"] = {**spec["do"], "frozen": True}
+        else:
+            spec["frozen"] = True
+        stages[stage] = spec
+    return {**pipeline, "stages": stages}
+
+
+def _dump(name: str, pipeline: dict) -> str:
+    return HEADER.format(name=name) + yaml.safe_dump(pipeline, sort_keys=False, width=120, allow_unicode=True)
+
+
 def render(name: str, root: Path = ROOT) -> str:
     pipeline = yaml.safe_load((root / "dvc.yaml").read_text())
-    body = yaml.safe_dump(profile_pipeline(name, pipeline), sort_keys=False, width=120, allow_unicode=True)
-    return HEADER.format(name=name) + body
+    return _dump(name, profile_pipeline(name, pipeline))
 
 
 def profiles(root: Path = ROOT) -> list[str]:
     return sorted(p.parent.name for p in (root / "profiles").glob("*/params.yaml"))
+
+
+def params_of(name: str, root: Path = ROOT) -> dict:
+    return yaml.safe_load((root / "profiles" / name / "params.yaml").read_text()) or {}
+
+
+def frozen(name: str, root: Path = ROOT) -> str | None:
+    """Why the profile is frozen (its params.yaml's ``frozen``), or None when it is not."""
+    why = params_of(name, root).get("frozen")
+    return str(why) if why else None
+
+
+def is_current(name: str, root: Path = ROOT) -> bool:
+    """Whether the profile's committed dvc.yaml is as it should be: made from the project's
+    dvc.yaml, or, for a frozen profile, with every stage frozen."""
+    text = (root / "profiles" / name / "dvc.yaml").read_text()
+    if not frozen(name, root):
+        return text == render(name, root)
+    pipeline = yaml.safe_load(text)
+    return pipeline == frozen_pipeline(pipeline)
+
+
+def freeze(name: str, why: str, root: Path = ROOT) -> None:
+    """Freeze the profile (the module's docstring): ``frozen: <why>`` appended to its params.yaml
+    (its comments kept), every stage of its committed pipeline marked frozen."""
+    target = root / "profiles" / name / "dvc.yaml"
+    if not target.exists():
+        raise SystemExit(f"profile {name}: no profiles/{name}/dvc.yaml: a profile that never ran has nothing to keep")
+    params = root / "profiles" / name / "params.yaml"
+    text = params.read_text()
+    if not frozen(name, root):
+        line = yaml.safe_dump({"frozen": why}, width=100, allow_unicode=True)
+        params.write_text(text + ("" if text.endswith("\n") else "\n") + line)
+    target.write_text(_dump(name, frozen_pipeline(yaml.safe_load(target.read_text()))))
+
+
+def thaw(name: str, root: Path = ROOT) -> None:
+    """Lift the freeze: the ``frozen`` key out of params.yaml, the pipeline made from the project's."""
+    params = root / "profiles" / name / "params.yaml"
+    lines = params.read_text().splitlines(keepends=True)
+    kept, skipping = [], False
+    for line in lines:  # the key and its continuation lines (a folded string is indented)
+        skipping = line.startswith("frozen:") or (skipping and line.startswith((" ", "\t")))
+        if not skipping:
+            kept.append(line)
+    params.write_text("".join(kept))
+    (root / "profiles" / name / "dvc.yaml").write_text(render(name, root))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,19 +201,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="write the profile's dvc.yaml, run nothing")
     p.add_argument("--check", action="store_true", help="fail when a committed profile dvc.yaml is not current")
     p.add_argument("--force", action="store_true", help="dvc repro --force: every stage of the profile")
+    p.add_argument("--freeze", metavar="WHY", help="keep its results as the record of the code that made them")
+    p.add_argument("--thaw", action="store_true", help="lift --freeze: its pipeline made from the project's again")
     a = p.parse_args(argv)
     if a.check:
-        stale = [n for n in profiles() if (ROOT / "profiles" / n / "dvc.yaml").exists()
-                 and (ROOT / "profiles" / n / "dvc.yaml").read_text() != render(n)]
+        stale = [n for n in profiles(ROOT) if (ROOT / "profiles" / n / "dvc.yaml").exists() and not is_current(n, ROOT)]
         if stale:
-            print(f"profile pipelines not made from the current dvc.yaml: {', '.join(stale)}; "
-                  f"run python -m pipelines.profile <name> --write", file=sys.stderr)
+            print(f"profile pipelines not made from the current dvc.yaml (or, frozen, with a stage not frozen): "
+                  f"{', '.join(stale)}; run python -m pipelines.profile <name> --write", file=sys.stderr)
             return 1
         print("profile pipelines: current")
         return 0
-    known = profiles()
+    known = profiles(ROOT)
     if a.name not in known:
         p.error(f"profile {a.name!r}: no profiles/{a.name}/params.yaml; profiles: {', '.join(known) or 'none'}")
+    if a.freeze or a.thaw:
+        freeze(a.name, a.freeze, ROOT) if a.freeze else thaw(a.name, ROOT)
+        print(f"profiles/{a.name}: {'frozen' if a.freeze else 'thawed'}; commit its params.yaml and dvc.yaml")
+        return 0
+    why = frozen(a.name, ROOT)
+    if why:
+        print(f"profiles/{a.name} is frozen ({why}): its results are the record of the code that made them, and "
+              f"dvc repro runs none of its stages (--force would record today's code without training). To make "
+              f"it again with today's code: python -m pipelines.profile {a.name} --thaw, then run it", file=sys.stderr)
+        return 2
     target = ROOT / "profiles" / a.name / "dvc.yaml"
     text = render(a.name)
     if not target.exists() or target.read_text() != text:
@@ -152,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                          cwd=ROOT)
     if rc != 0:
         return rc
-    if (yaml.safe_load((ROOT / "profiles" / a.name / "params.yaml").read_text()) or {}).get("trial"):
+    if params_of(a.name, ROOT).get("trial"):
         print(f"profiles/{a.name} is a trial (trial: true): its results are under profiles/{a.name}/, "
               f"and the summaries and the report leave it out")
         return 0

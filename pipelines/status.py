@@ -15,6 +15,9 @@ run, in three groups:
 * **summaries and bookkeeping**: the data, the fingerprints, the tables, figures, benchmark and
   report, which read committed results and train nothing.
 
+Frozen profiles (``pipelines.profile``: kept as the record of the code that made them), which
+``dvc status`` does not check, are listed last with why each was frozen.
+
 Each line names its pipeline (``default``, or ``profile <name>``). Where the ``fingerprint``
 stage is listed, the study stages its run would make stale (a scheme's own code edited: ``dvc
 status`` cannot see that until the fingerprint stage has run) are listed too, from
@@ -209,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("pipelines", nargs="*", help="dvc.yaml or a profile's name (default: every pipeline)")
     a = p.parse_args(argv)
     root = Path.cwd().resolve()  # the project dvc runs in
-    print(render(collect(pipelines_of(a.pipelines, root), root)))
+    chosen = pipelines_of(a.pipelines, root)
+    print(render(collect(chosen, root)))
+    kept = [(p.parent.name, why) for p in chosen if p.parent != root and (why := profile.frozen(p.parent.name, root))]
+    if kept:
+        print("\nfrozen, not checked (each the record of the code that made it; python -m pipelines.profile <name> "
+              "--thaw to make it again):", *(f"  profile {n}: {why}" for n, why in kept), sep="\n")
     return 0
 
 
