@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="replace the tokenizer/token cache recorded in the checkpoint")
     p.add_argument("--runs-dir", help="where run folders are searched for a run id (default: ./outputs)")
     p.add_argument("--tracking-uri", help="MLflow URI (default: the run's own, else sqlite:///./mlflow.db)")
-    p.add_argument("--extension", choices=["pi", "ntk", "yarn"],
+    p.add_argument("--extension", choices=["pi", "pi_dynamic", "ntk", "yarn"],
                    help="a RoPE context-extension rule applied past the training length (rows: rope+<rule>)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the model's MLflow run")
     p.add_argument("--no-progress", action="store_true")

@@ -140,7 +140,8 @@ def task_rules(evaluate: dict, scheme_rules: list[str]) -> list[str]:
 def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) -> list[str]:
     """The Hydra overrides that fine-tune a run with ``rule`` at ``mult`` x L for ``steps``
     steps (Chen et al. 2023, scaled down): the same tokens per step, a tenth of the learning
-    rate, a short warm-up."""
+    rate, a short warm-up; position interpolation (``pi``) with their fixed factor, ``mult``,
+    which the fine-tuned run keeps at every length it is scored at."""
     from posenc.runs import StoredRun
 
     L, B = StoredRun(cfg).train_len, int(cfg.data.batch_size)
@@ -150,6 +151,7 @@ def finetune_overrides(cfg, rule: str, mult: int, steps: int, init_from: str) ->
         f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", f"optim.lr={cfg.optim.lr / 10}",
         f"optim.warmup_steps={max(1, steps // 10)}", f"run_name={cfg.encoding.name}+{rule}+ft{mult}L-{cfg.run_name}",
         "criterion.metric=null",  # a fixed budget: the run it starts from was trained to the criterion
+        *([f"encoding.scheme.factor={mult}"] if rule == "pi" else []),
     ]  # fmt: skip
 
 

@@ -69,15 +69,25 @@ def mlm_runs(run_files: list[str | Path]) -> dict[str, list[dict]]:
     return runs
 
 
+def mlm_split(settings: dict) -> str:
+    """The split the study's masked-LM entry (``tasks:``, a ``MaskedLM`` task) scores on."""
+    from posenc.taskbase import split_of
+    from posenc.tasks import MaskedLM, load
+
+    specs = [spec for name, spec in (settings.get("tasks") or {}).items() if isinstance(load(name), MaskedLM)]
+    return split_of((specs[0] if specs else {}).get("evaluate") or {})
+
+
 def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], reference: str = "none",
-              margin: float | None = None) -> dict:
-    """Per scheme its seeds, steps and the accuracy and perplexity over its masked bytes;
+              margin: float | None = None, split: str = "validation") -> dict:
+    """Per scheme its seeds, steps and the accuracy and perplexity over its masked bytes of
+    ``split`` (the metrics each run recorded there at the end of training: ``val/`` or ``test/``);
     every scheme's accuracy against ``reference``'s, one family (``vs_reference`` in each
     entry), and the question's against each scheme of ``against``, another (``tests``),
     in points with the equivalence margin ``margin`` (``analysis.stats``)."""
-    summary = {}
+    summary, prefix = {}, "test" if split == "test" else "val"
     for scheme, rs in runs.items():
-        acc, ppl = [r["val/acc"] for r in rs], [r["val/ppl"] for r in rs]
+        acc, ppl = [r[f"{prefix}/acc"] for r in rs], [r[f"{prefix}/ppl"] for r in rs]
         (am, asd), (pm, psd) = mean_sd(acc), mean_sd(ppl)
         summary[scheme] = {"seeds": sorted(r["seed"] for r in rs), "n": len(rs), "steps": rs[0].get("global_step"),
                            "acc_mean": am, "acc_sd": asd, "ppl_mean": pm, "ppl_sd": psd, "acc": acc, "ppl": ppl}
@@ -94,7 +104,7 @@ def mlm_table(runs: dict[str, list[dict]], question: str, against: list[str], re
         asked = {o: compare(acc[question], acc[o], "points", margin) | {"against": o}
                  for o in dict.fromkeys(against) if o in acc and o != question}
         tests = family(asked)
-    return {"metric": "masked-token accuracy on the validation split", "reference": reference, "margin": margin,
+    return {"metric": f"masked-token accuracy on the {split} split", "split": split, "reference": reference, "margin": margin,
             "question": question, "tests": tests, "note": note, "summary": summary}
 
 
@@ -240,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "lm_table.json", lm)
     write_json(out / "lm_pairs.json", pairs)
     write_text(md / "lm_table.md", lm_markdown(lm, a.lm_reference, pairs))
-    mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against, a.mlm_reference, a.mlm_margin)
+    mlm = mlm_table(mlm_runs(list(runs.values())), a.question, a.against, a.mlm_reference, a.mlm_margin,
+                    mlm_split(settings))
     if mlm["note"]:
         print(f"note: --question {mlm['note']}", file=sys.stderr)
     write_json(out / "mlm_table.json", mlm)

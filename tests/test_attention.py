@@ -494,10 +494,13 @@ def test_a_new_flex_route_on_the_cpu_keeps_the_gates_reason_once_per_kind_of_cal
     assert route.verdicts == {}
 
 
-def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_the_dense_formula(monkeypatch):
+@pytest.mark.parametrize("expand", [True, False], ids=["full-shaped", "broadcast over rows"])
+def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_the_dense_formula(monkeypatch,
+                                                                                                  expand):
     """A bias that reads the keys (k_j · w) beside a value term (each row's mass times a learned
     vector) sends training through the recomputing route, whose blocks must hand the bias the
-    keys of their columns: output and every gradient against the dense formula, in blocks of 4 rows."""
+    keys of their columns: output and every gradient against the dense formula, in blocks of 4 rows,
+    with the bias given full-shaped (B, H, Tq, Tk) or broadcast over the query rows (B, H, 1, Tk)."""
 
     class KeyScoreValue(PositionalScheme):
         def __init__(self, **kw):
@@ -506,7 +509,8 @@ def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_
             self.u = torch.nn.Parameter(torch.randn(self.head_dim))
 
         def content_bias(self, q, k, q_pos, k_pos):
-            return (k @ self.w.to(k.dtype))[..., None, :].expand(*k.shape[:-2], q.shape[-2], k.shape[-2])
+            b = (k @ self.w.to(k.dtype))[..., None, :]
+            return b.expand(*k.shape[:-2], q.shape[-2], k.shape[-2]) if expand else b
 
         def value_term(self, probs, q_pos, k_pos):
             return (probs * (k_pos[None, :] % 3).to(probs.dtype)).sum(-1, keepdim=True) * self.u.to(probs.dtype)

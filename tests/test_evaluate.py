@@ -156,6 +156,57 @@ def test_span_length_errors_say_what_to_change():
 
 
 # ------------------------------------------------------------------ windows
+def test_one_passage_is_the_splits_first_span():
+    for n_available, lengths, max_tokens in ((100, [4, 6], None), (100, [4, 6], 50), (13, [12], None)):
+        assert ev.passage_starts(n_available, lengths, max_tokens) == (ev.span_length(n_available, lengths, max_tokens),
+                                                                       [0])
+        assert ev.passage_starts(n_available, lengths, max_tokens, 1, seed=5)[1] == [0]  # no draw
+
+
+def test_passages_are_disjoint_slots_of_the_split_drawn_by_the_seed():
+    """Three passages of a 1000-token split under max_tokens 200 at lengths 4 and 8: each 64
+    scored tokens (the largest multiple of 8 within 200 / 3), starting on one of the split's
+    999 // 64 = 15 slots of 64, distinct and ascending, each inside the split (start + 65
+    tokens); the same seed gives the same ones, and over many seeds every slot is drawn, about
+    equally often (3 of 15 a draw: 1/5 each)."""
+    n, starts = ev.passage_starts(1000, [4, 8], 200, passages=3, seed=11)
+    assert n == 64 and len(starts) == 3 and starts == sorted(set(starts))
+    assert all(s % 64 == 0 and s + n + 1 <= 1000 for s in starts)
+    assert ev.passage_starts(1000, [4, 8], 200, passages=3, seed=11) == (n, starts)
+    counts = np.zeros(15)
+    for seed in range(3000):
+        counts[np.array(ev.passage_starts(1000, [4, 8], 200, passages=3, seed=seed)[1]) // 64] += 1
+    assert counts.sum() == 9000 and counts.min() > 0
+    np.testing.assert_allclose(counts / 3000, 0.2, atol=0.03)
+    # without max_tokens the split bounds each passage: (1000 - 1) // 3 = 333 -> 328 at length 8
+    assert ev.passage_starts(1000, [8], None, passages=3, seed=0)[0] == 328
+    # two passages of a split that holds exactly two
+    assert ev.passage_starts(17, [8], None, passages=2, seed=0) == (8, [0, 8])
+
+
+def test_passages_need_a_seed_and_a_positive_count():
+    with pytest.raises(ValueError, match="passages=2: the passages are drawn by a seed, and none was given"):
+        ev.passage_starts(1000, [8], 200, passages=2)
+    with pytest.raises(ValueError, match="passages=0: score at least one passage"):
+        ev.passage_starts(1000, [8], 200, passages=0, seed=1)
+
+
+def test_evaluate_model_over_passages_sums_each_passage_by_hand():
+    """With passages, a row's NLL is the mean over every passage's tokens, each passage scored
+    as a span of its own (its first window starting at the passage's start), by hand."""
+    t = toks(400, seed=9)
+    rows = ev.evaluate_model(Toy(), t, [4, 8], ("nonoverlapping", "sliding"), stride=3, max_tokens=96,
+                             progress=False, passages=3, seed=4)
+    n, starts = ev.passage_starts(400, [4, 8], 96, 3, 4)
+    assert n == 32 and len(starts) == 3
+    for r in rows:
+        want = sum(total_by_hand(t[s : s + n + 1], r["eval_len"], r["stride"], n) for s in starts) / (3 * n)
+        assert r["n_tokens"] == 3 * n and r["passages"] == " ".join(map(str, starts))
+        assert r["nll"] == pytest.approx(want, rel=1e-6)
+    other = ev.evaluate_model(Toy(), t, [4], ("nonoverlapping",), max_tokens=96, progress=False, passages=3, seed=5)
+    assert other[0]["passages"] != rows[0]["passages"]  # another seed, other passages (these two seeds differ)
+
+
 def test_windows_nonoverlapping_by_hand():
     """[i*T, i*T + T) for i = 0 .. N/T - 1, every token scored (first index 0)."""
     assert ev.windows(12, 4, "nonoverlapping") == [(0, 0), (4, 0), (8, 0)]
@@ -280,9 +331,9 @@ def test_evaluate_model_rows_by_hand():
         (8, "sliding", 3),
     ]
     for r in rows:
-        assert list(r) == ["eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note"]
+        assert list(r) == ["eval_len", "method", "stride", "ppl", "nll", "n_tokens", "note", "passages"]
         want = total_by_hand(t, r["eval_len"], r["stride"], 16) / 16
-        assert r["n_tokens"] == 16 and r["note"] == ""
+        assert r["n_tokens"] == 16 and r["note"] == "" and r["passages"] == "0"
         assert r["nll"] == pytest.approx(want, rel=1e-6)
         assert r["ppl"] == pytest.approx(math.exp(want), rel=1e-6)
 
@@ -319,7 +370,8 @@ def test_evaluate_model_passes_its_settings_to_score(monkeypatch):
     want = [(4, "sliding", 3), (4, "nonoverlapping", 4), (8, "sliding", 3), (8, "nonoverlapping", 8)]
     assert [a[2:5] for a, _ in calls] == want
     for a, _ in calls:
-        assert a[0] is model and a[1] is t and a[5:7] == (24, 17) and a[7] is device and a[8] is False
+        assert a[0] is model and a[1].base is t and np.array_equal(a[1], t[:25])  # the span: N + 1 tokens of t
+        assert a[5:7] == (24, 17) and a[7] is device and a[8] is False
 
 
 def test_evaluate_model_not_applicable_rows():
@@ -642,9 +694,12 @@ def recorded(monkeypatch, tmp_path):
 
     real_evaluate_model = rec.evaluate_model = ev.evaluate_model
 
-    def evaluate_model(model, tokens, lengths, methods, stride, max_tokens, token_budget, device, progress):
-        record("evaluate", model, tokens, lengths, methods, stride, max_tokens, token_budget, device, progress)
-        return real_evaluate_model(model, tokens, lengths, methods, stride, max_tokens, token_budget, "cpu", False)
+    def evaluate_model(model, tokens, lengths, methods, stride, max_tokens, token_budget, device, progress, passages,
+                       seed):
+        record("evaluate", model, tokens, lengths, methods, stride, max_tokens, token_budget, device, progress,
+               passages, seed)
+        return real_evaluate_model(model, tokens, lengths, methods, stride, max_tokens, token_budget, "cpu", False,
+                                   passages, seed)
 
     def log_to_mlflow(rows, run_id, uri, files, tags, extension):
         record("log", rows, run_id, uri, files, tags, extension)
@@ -674,7 +729,7 @@ def test_evaluate_checkpoint_defaults(recorded, caplog):
     assert c["run_data"] == [(recorded.cfg, None, None, V)] and c["split"] == [("validation",)]
     ((model, tokens, *args),) = c["evaluate"]
     assert model is recorded.model and tokens is recorded.tokens
-    assert args == [[4, 8, 16, 32, 64], ("nonoverlapping", "sliding"), None, 65536, 8192, "cpu", True]
+    assert args == [[4, 8, 16, 32, 64], ("nonoverlapping", "sliding"), None, 65536, 8192, "cpu", True, 1, 7]
     assert [(r["eval_len"], r["method"], r["stride"]) for r in rows] == [
         (T, m, T if m == "nonoverlapping" else T // 2) for T in (4, 8, 16, 32, 64) for m in ev.METHODS
     ]
@@ -714,7 +769,7 @@ def test_evaluate_checkpoint_settings_reach_every_step(recorded, tmp_path):
     assert c["module"] == [(recorded.state, res.path, "cpu", {"scaling": "pi", "original_len": 4})]
     assert c["run_data"] == [(recorded.cfg, "dd", "cd", V)] and c["split"] == [("test",)]
     ((_, _, *args),) = c["evaluate"]
-    assert args == [[4, 12], ("sliding",), 3, 40, 9, "cpu", False]
+    assert args == [[4, 12], ("sliding",), 3, 40, 9, "cpu", False, 1, 7]
     own = recorded.evaluate_model(Toy(), recorded.tokens, [4, 12], ("sliding",), 3, 40, progress=False)
     base = {"scheme": "schemeB+pi", "extension": "pi", "seed": 99, "train_len": 4, "corpus": "corpusA",
             "split": "test", "run_id": "rid", "checkpoint": str(Path("run", "checkpoints", "last.ckpt")),
@@ -723,7 +778,8 @@ def test_evaluate_checkpoint_settings_reach_every_step(recorded, tmp_path):
     assert files == [tmp_path / "out" / "res.csv", tmp_path / "out" / "res.json"]
     assert json.loads(files[1].read_text())[0]["scheme"] == "schemeB+pi"
     assert c["log"] == [(rows, "rid", "uri-of-settings", files,
-                         {"extrapolation.split": "test", "extrapolation.n_tokens": 36, "extrapolation.stride": 3},
+                         {"extrapolation.split": "test", "extrapolation.n_tokens": 36, "extrapolation.passages": 1,
+                          "extrapolation.stride": 3},
                          "pi")]  # fmt: skip
 
 
@@ -766,7 +822,7 @@ def test_evaluate_checkpoint_token_count_tag(recorded):
     s = ev.Settings(multipliers=(1, 2), methods=("nonoverlapping",), max_tokens=40, progress=False)
     ev.evaluate_checkpoint("ref", s)
     assert recorded.calls["log"][0][4] == {"extrapolation.split": "validation", "extrapolation.n_tokens": 40,
-                                           "extrapolation.stride": "half window"}  # fmt: skip
+                                           "extrapolation.passages": 1, "extrapolation.stride": "half window"}
     recorded.model = Toy(reject={4, 8})
     ev.evaluate_checkpoint("ref", s)
     assert recorded.calls["log"][1][4]["extrapolation.n_tokens"] == 0
@@ -779,7 +835,7 @@ def test_evaluate_checkpoint_device(recorded, monkeypatch, device, cuda, want):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     s = ev.Settings(multipliers=(1,), methods=("nonoverlapping",), device=device, log_mlflow=False, progress=False)
     ev.evaluate_checkpoint("ref", s)
-    assert recorded.calls["module"][0][2] == want and recorded.calls["evaluate"][0][-2] == want
+    assert recorded.calls["module"][0][2] == want and recorded.calls["evaluate"][0][-4] == want
 
 
 # ------------------------------------------------------------------ a real run

@@ -121,6 +121,9 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     ckpt = trained["run_dir"] / "checkpoints" / "last.ckpt"
     tune = finetune_overrides(trained["cfg"], "pi", 2, 2, str(ckpt))
     assert f"data.seq_len={2 * TRAIN_LEN}" in tune and f"encoding.scheme.original_len={TRAIN_LEN}" in tune
+    assert "encoding.scheme.factor=2" in tune  # Chen et al.'s fixed factor, kept at every length
+    assert not any("factor" in o for o in finetune_overrides(trained["cfg"], "pi_dynamic", 2, 2, str(ckpt)))
+    assert not any("factor" in o for o in finetune_overrides(trained["cfg"], "yarn", 2, 2, str(ckpt)))
     # at learning rate 0 the tuned weights are the checkpoint's: the run started from them
     cfg = compose_cfg(tmp_path, data_root, cache_dir, f"data.seq_len={TRAIN_LEN}", "data.batch_size=8",
                       *tune, "log_checkpoint=false", "optim.lr=0.0")  # fmt: skip
@@ -135,7 +138,7 @@ def test_fine_tune_from_a_checkpoint_with_a_scaling_rule(trained, tmp_path, data
     # (after 4 steps the model is near uniform: PI against plain RoPE moves the loss by ~1e-5)
     assert math.log(row["ppl"]) == pytest.approx(metrics["val/loss"], rel=1e-6)
     tuned = load_module(tmp_path / "tuned" / "checkpoints" / "last.ckpt")
-    assert tuned.model.blocks[0].attn.scheme.scaling == "pi"
+    assert tuned.model.blocks[0].attn.scheme.scaling == "pi" and tuned.model.blocks[0].attn.scheme.factor == 2
     tuned_ckpt = tmp_path / "tuned" / "checkpoints" / "last.ckpt"
     record = load_state(tuned_ckpt)[RECORD]  # the run's record: its config, vocabulary size and identity
     assert record["cfg"]["init_from"] == str(ckpt) and record["vocab_size"] == tuned.model.cfg.vocab_size

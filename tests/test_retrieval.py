@@ -291,7 +291,7 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
 
     out = tmp_path / "results" / "retrieval" / "rope.csv"
     params = study_params(tmp_path, retrieval={"overrides": "model.max_len=64", "evaluate": {
-        "trials": 10, "attention_trials": 2, "extensions": "yarn pi@2x2"}})
+        "trials": 10, "attention_trials": 2, "split": "test", "extensions": "yarn pi@2x2"}})
     rc = study.main(["rope", "--params", params, "--tasks", "retrieval", "--workers", "2", "--runs-dir",
                      str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
                      "--extensions", "yarn", "ntk", "pi@2x2", "--common", common])
@@ -305,8 +305,11 @@ def test_a_study_stage_scores_its_retrieval_grids_cell_by_cell_as_one_process_wo
         assert list(g["multiple"]) == [1] * 5 + [2] * 5
     runs = tmp_path / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["retrieval-pi-ft2L-s0", "retrieval-s0"]
-    settings = {"trial_seed": 0, "trials": 10, "attention_trials": 2}
+    settings = {"trial_seed": 0, "trials": 10, "attention_trials": 2, "split": "test"}  # the test split's filler
     cells = [(L, d) for L in (16, 32) for d in rt.DEPTHS]
+    validation = score_cells(str(runs / "retrieval-s0"), cells, {**settings, "split": "validation"})
+    assert [r["needle_attention"] for r in validation] != pytest.approx(
+        [r["needle_attention"] for r in score_cells(str(runs / "retrieval-s0"), cells, settings)])
     whole = {"rope": score_cells(str(runs / "retrieval-s0"), cells, settings),
              "rope+yarn": score_cells(str(runs / "retrieval-s0"), cells, settings, "yarn"),
              "rope+pi+ft2L": score_cells(str(runs / "retrieval-pi-ft2L-s0"), cells, settings, None, 16,

@@ -198,7 +198,11 @@ def test_yarn_terms_sum_to_logits_past_training_length(causal):
     [
         ({"scaling": "yarn"}, "encoding.scheme.original_len"),
         ({"scaling": "pi", "original_len": 0}, "encoding.scheme.original_len"),
-        ({"scaling": "linear", "original_len": L}, "pi, ntk, yarn"),
+        ({"scaling": "linear", "original_len": L}, "pi, pi_dynamic, ntk, yarn"),
+        ({"scaling": "pi_dynamic", "original_len": L, "factor": 2.0}, "with scaling=pi only"),
+        ({"scaling": "ntk", "original_len": L, "factor": 2.0}, "with scaling=pi only"),
+        ({"factor": 2.0}, r"scaling=None"),
+        ({"scaling": "pi", "original_len": L, "factor": 0.5}, "a fixed factor of at least 1"),
         ({"scaling": "yarn", "original_len": L, "yarn_alpha": 32.0, "yarn_beta": 1.0}, "yarn_alpha"),
         ({"scaling": "yarn", "original_len": L, "yarn_alpha": 0.0}, "yarn_alpha"),
     ],
@@ -211,3 +215,49 @@ def test_bad_settings_raise(overrides, match):
 def test_ntk_needs_more_than_one_pair():
     with pytest.raises(ValueError, match="ntk"):
         factory(scaling="ntk", original_len=L, fraction=1 / 16)(d_model=D, n_heads=H)
+
+
+@pytest.mark.parametrize("T", [L // 2, L, 3 * L])
+def test_static_pi_is_plain_rope_at_positions_divided_by_its_factor_at_every_length(T):
+    """Chen et al.'s position interpolation with a fixed factor s (their f'(x, m) = f(x, m L / L'),
+    section 2.2): the rotation at position m is plain RoPE's at m / s, within L as past it; and
+    its frequencies are transformers' "linear" rule at that factor, whatever T."""
+    s = 4.0
+    static, plain = build(scaling="pi", original_len=L, factor=s), build()
+    pos = torch.arange(T)
+    q, k = torch.randn(2, H, T, D // H), torch.randn(2, H, T, D // H)
+    got = static.rotate(q, k, pos, pos)
+    want = plain.rotate(q, k, pos / s, pos / s)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    inv_freq, factor = static.scaled(pos, pos)
+    config = PretrainedConfig(hidden_size=D, num_attention_heads=H, max_position_embeddings=L,
+                              rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": s})
+    torch.testing.assert_close(inv_freq, rope_utils.ROPE_INIT_FUNCTIONS["linear"](config, "cpu")[0])
+    assert factor is None
+
+
+@pytest.mark.parametrize("T", [L // 2, L, 2 * L, 3 * L])
+def test_zero_shot_pi_reads_a_window_at_its_own_factor_and_pi_dynamic_is_the_same(T):
+    """Without a factor, ``pi`` scales a window of T read from position 0 by max(1, T / L): the
+    static rule at that window's factor (plain RoPE within L), bit for bit; ``pi_dynamic`` is
+    the same rule."""
+    pos = torch.arange(T)
+    q, k = torch.randn(1, H, T, D // H), torch.randn(1, H, T, D // H)
+    zero_shot = build(scaling="pi", original_len=L).rotate(q, k, pos, pos)
+    dynamic = build(scaling="pi_dynamic", original_len=L).rotate(q, k, pos, pos)
+    fixed = build(scaling="pi", original_len=L, factor=T / L).rotate(q, k, pos, pos) if T > L \
+        else build().rotate(q, k, pos, pos)
+    for a, b, c in zip(zero_shot, dynamic, fixed):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_a_static_factor_keeps_the_rotation_of_a_short_window_where_the_dynamic_rule_does_not():
+    """What the static factor changes for a run fine-tuned at 4L: within L, ``pi`` with factor 4
+    still rotates by m / 4 where ``pi_dynamic`` (and zero-shot ``pi``) is plain RoPE."""
+    pos = torch.arange(L)
+    q, k = torch.randn(1, H, L, D // H), torch.randn(1, H, L, D // H)
+    static = build(scaling="pi", original_len=L, factor=4.0).rotate(q, k, pos, pos)
+    dynamic = build(scaling="pi_dynamic", original_len=L).rotate(q, k, pos, pos)
+    plain = build().rotate(q, k, pos, pos)
+    assert torch.equal(dynamic[0], plain[0]) and not torch.allclose(static[0], plain[0], atol=1e-3)

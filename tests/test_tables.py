@@ -370,6 +370,27 @@ def test_mlm_table_by_hand(tmp_path):
     assert tables.mlm_runs([_mlm_file(tmp_path, {})]) == {}
 
 
+def test_mlm_table_reads_the_split_its_study_names(tmp_path):
+    """``split="test"``: every accuracy and perplexity is the run's ``test/`` metric, and the table
+    says so; ``mlm_split`` finds the split in the masked-LM entry of the params' ``tasks``
+    (validation when it names none, or the study has no masked LM)."""
+    f = _mlm_file(tmp_path, MLM)
+    data = json.loads(f.read_text())
+    for r in data["runs"]:  # test metrics that differ from the validation ones
+        r["test/acc"], r["test/ppl"] = r["val/acc"] / 2, r["val/ppl"] + 1
+    f.write_text(json.dumps(data))
+    runs = tables.mlm_runs([f])
+    t = tables.mlm_table(runs, "fixed", ["none"], split="test")
+    assert t["metric"] == "masked-token accuracy on the test split" and t["split"] == "test"
+    assert t["summary"]["none"]["acc"] == [0.07, 0.12, 0.17] and t["summary"]["none"]["ppl"] == [5.0, 5.2, 5.4]
+    assert tables.mlm_table(runs, "fixed", ["none"])["summary"]["none"]["acc"] == [0.14, 0.24, 0.34]
+    assert tables.mlm_split({"tasks": {"lm": {"evaluate": {"split": "test"}}, "mlm": {"evaluate": {"split": "test"}}}}) \
+        == "test"
+    assert tables.mlm_split({"tasks": {"lm": {"evaluate": {"split": "test"}}, "mlm": {"evaluate": {}}}}) == "validation"
+    assert tables.mlm_split({"tasks": {"lm": {"evaluate": {"split": "test"}}}}) == "validation"
+    assert tables.mlm_split({}) == "validation"
+
+
 def test_mlm_markdown_by_hand(tmp_path):
     """``mlm_markdown``: schemes by accuracy, each with its comparison cells against the
     reference (dashes for the reference itself); then the question's family with t and df;

@@ -162,7 +162,7 @@ def test_a_task_entry_of_the_params_file_is_refused_naming_its_key():
     with pytest.raises(ConfigError, match="criterion must be null or"):
         check_spec("lm", {**TASK_ENTRY, "criterion": 0.9})
     assert list(STUDY_KEYS) == list(TASK_ENTRY)
-    with pytest.raises(ConfigError, match=r"tasks: mlm: evaluate: has no key multipliers \(this task takes none"):
+    with pytest.raises(ConfigError, match=r"tasks: mlm: evaluate: has no key multipliers \(this task takes split\)"):
         load("mlm").check_evaluate("mlm", {"multipliers": "1 2"})
     with pytest.raises(ConfigError, match="evaluate: lacks trials"):
         load("retrieval").check_evaluate("retrieval", {"multipliers": "1", "attention_trials": 0})
@@ -170,6 +170,17 @@ def test_a_task_entry_of_the_params_file_is_refused_naming_its_key():
         load("retrieval").check_evaluate("retrieval", {"multipliers": "1", "trials": 4, "attention_trials": 5})
     with pytest.raises(ConfigError, match="multipliers must be whole numbers at least 1"):
         load("lm").check_evaluate("lm", {"multipliers": "0 2"})
+    for name, entry in (("lm", {"multipliers": "1"}), ("mlm", {}),
+                        ("retrieval", {"multipliers": "1", "trials": 1, "attention_trials": 0})):
+        for split in ("validation", "test"):
+            load(name).check_evaluate(name, {**entry, "split": split})
+        with pytest.raises(ConfigError, match=f"tasks: {name}: evaluate: split must be one of validation, test, "
+                                              "not 'train'"):
+            load(name).check_evaluate(name, {**entry, "split": "train"})
+    load("lm").check_evaluate("lm", {"multipliers": "1", "passages": 3})
+    for bad in (0, 2.5, "4"):
+        with pytest.raises(ConfigError, match=f"passages must be a whole number of at least 1, not {bad!r}"):
+            load("lm").check_evaluate("lm", {"multipliers": "1", "passages": bad})
 
 
 @pytest.mark.parametrize("entry, tasks, says", [

@@ -19,6 +19,13 @@ exactly once, so the perplexities differ only by the context the model sees:
   of a window has no context. With T = the training length and ``N`` covering
   the first k validation windows this is exactly what training's validation
   loop computes (``posenc.data.Windows``).
+* ``passages`` > 1: the span is cut into that many passages of n tokens each (n a
+  multiple of M, ``passages * n <= max_tokens``), drawn from the split without
+  overlap by a seed (``passage_starts``; the study gives each run its own seed's):
+  the split is cut into slots of n scored tokens, and the passages are the slots a
+  seeded draw picks. Each passage is scored as a span of its own (the rules above
+  apply within it) and the perplexity is over all their tokens. With one passage the
+  span is the split's first N tokens, as above.
 * ``sliding`` with stride s (s <= T): the first window ``[0, T)`` scores all of
   its T tokens; each later window ends s tokens after the previous one
   (``[e - T, e)`` with e = T + s, T + 2s, ... and finally N) and scores only the
@@ -97,6 +104,26 @@ def span_length(n_available: int, lengths: Sequence[int], max_tokens: int | None
             "raise max_tokens or evaluate shorter lengths"
         )
     return n
+
+
+def passage_starts(n_available: int, lengths: Sequence[int], max_tokens: int | None, passages: int = 1,
+                   seed: int | None = None) -> tuple[int, list[int]]:
+    """(n, starts): the scored tokens of each passage and where each starts in the split (see
+    the module doc); passage i scores t[start + 1 : start + n + 1]. One passage: the split's
+    first ``span_length`` tokens. More: n = ``span_length`` of 1 / ``passages`` of the split
+    and of ``max_tokens``, and the passages ``passages`` of the split's (n_available - 1) // n
+    slots of n, drawn without replacement by ``numpy.random.default_rng(seed)``, in order."""
+    if passages < 1:
+        raise ValueError(f"passages={passages}: score at least one passage")
+    per_passage = None if max_tokens is None else int(max_tokens) // passages
+    n = span_length((n_available - 1) // passages + 1, lengths, per_passage)
+    if passages == 1:
+        return n, [0]
+    if seed is None:
+        raise ValueError(f"passages={passages}: the passages are drawn by a seed, and none was given")
+    slots = (n_available - 1) // n
+    chosen = np.random.default_rng(seed).choice(slots, size=passages, replace=False)
+    return n, [int(c) * n for c in sorted(chosen)]
 
 
 def windows(n: int, length: int, method: str, stride: int | None = None) -> list[tuple[int, int]]:
@@ -185,17 +212,21 @@ def evaluate_model(
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    passages: int = 1,
+    seed: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows {eval_len, method, stride, ppl, nll, n_tokens, note} for a posenc Transformer.
+    """Rows {eval_len, method, stride, ppl, nll, n_tokens, note, passages} for a posenc Transformer.
 
-    The same N tokens (see the module docstring) are scored at every length
-    and by every method; lengths the model cannot represent get ppl NaN and a note.
+    The same tokens (see the module docstring: ``passages`` drawn by ``seed``, whose starts
+    ``passages`` gives) are scored at every length and by every method; lengths the model
+    cannot represent get ppl NaN and a note.
     """
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {METHODS}")
     lengths = sorted({int(x) for x in lengths})
-    n = span_length(len(tokens), lengths, max_tokens)
+    n, starts = passage_starts(len(tokens), lengths, max_tokens, passages, seed)
+    spans = [tokens[start : start + n + 1] for start in starts]
     was_training = model.training
     model.eval()
     rows = []
@@ -209,10 +240,12 @@ def evaluate_model(
             for method in methods:
                 s = resolve_stride(length, stride) if method == "sliding" else length
                 row = {"eval_len": length, "method": method, "stride": s, "ppl": math.nan, "nll": math.nan,
-                       "n_tokens": 0, "note": note}  # fmt: skip
+                       "n_tokens": 0, "note": note, "passages": " ".join(map(str, starts))}  # fmt: skip
                 if not note:
                     t0 = time.perf_counter()
-                    total, count = score(model, tokens, length, method, s, n, token_budget, device, progress)
+                    scores = [score(model, span, length, method, s, n, token_budget, device, progress)
+                              for span in spans]
+                    total, count = sum(t for t, _ in scores), sum(c for _, c in scores)
                     row.update(nll=total / count, ppl=math.exp(total / count), n_tokens=count)
                     log.info("T=%d %s: ppl %.3f over %d tokens in %.1fs", length, method, row["ppl"], count,
                              time.perf_counter() - t0)  # fmt: skip
@@ -295,6 +328,7 @@ class Settings:
     stride: int | None = None  # sliding stride in tokens; None: half the window
     max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the whole split (floored)
     split: str = "validation"
+    passages: int = 1  # passages of the split, drawn by the run's seed (``passage_starts``)
     token_budget: int = DEFAULT_TOKEN_BUDGET
     device: str = "cpu"
     which: str = "last"
@@ -309,11 +343,13 @@ class Settings:
 
 
 def rows_at_lengths(run_dir: str, rule: str | None, label: dict | None, base_len: int, device: str,
-                    multipliers: Sequence[int], max_tokens: int | None) -> list[dict]:
+                    multipliers: Sequence[int], max_tokens: int | None, split: str = "validation",
+                    passages: int = 1) -> list[dict]:
     """A study's rows of one trained run (``posenc.tasks.CausalLM.evaluate``): perplexity of
-    non-overlapping windows at each multiple of ``base_len`` (L), with a zero-shot ``rule``
-    switched on, or labelled as a fine-tuned run (``label``: its scheme and extension)."""
-    settings = Settings(methods=("nonoverlapping",), device=device, progress=False,
+    non-overlapping windows at each multiple of ``base_len`` (L) on ``passages`` of ``split``
+    drawn by the run's seed, with a zero-shot ``rule`` switched on, or labelled as a fine-tuned
+    run (``label``: its scheme and extension)."""
+    settings = Settings(methods=("nonoverlapping",), device=device, progress=False, split=split, passages=passages,
                         lengths=[m * base_len for m in multipliers], max_tokens=max_tokens, extension=rule,
                         extra=label | {"train_len": base_len} if label else {})
     return evaluate_checkpoint(run_dir, settings)[0]
@@ -333,9 +369,8 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
     train_len = run.train_len
     lengths = list(s.lengths) if s.lengths else [int(m) * train_len for m in s.multipliers]
     tokens = run_data(run.cfg, s.data_dir, s.cache_dir, run.vocab_size).tokens(s.split)
-    rows = evaluate_model(
-        module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device, s.progress
-    )
+    rows = evaluate_model(module.model, tokens, lengths, s.methods, s.stride, s.max_tokens, s.token_budget, device,
+                          s.progress, s.passages, run.seed)
     base = {
         "scheme": run.label(s.extension),
         "extension": s.extension or "",
@@ -356,7 +391,7 @@ def evaluate_checkpoint(ref: str | os.PathLike, settings: Settings | None = None
             uri = s.tracking_uri or res.tracking_uri or run.tracking_uri
             uri = uri or default_tracking_uri()
             n = next((r["n_tokens"] for r in rows if r["n_tokens"]), 0)
-            tags = {"extrapolation.split": s.split, "extrapolation.n_tokens": n,
+            tags = {"extrapolation.split": s.split, "extrapolation.n_tokens": n, "extrapolation.passages": s.passages,
                     "extrapolation.stride": "half window" if s.stride is None else s.stride}  # fmt: skip
             log_to_mlflow(rows, res.run_id, uri, files, tags, s.extension)
     return rows, files

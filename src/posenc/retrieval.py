@@ -363,13 +363,13 @@ def score_cells(run_dir: str, cells: list[tuple[int, float]], settings: dict, ex
     """Grid rows of a trained run on the given (length, depth) cells (with a
     context-extension rule switched on past L), on ``device``; ``extra`` replaces row
     labels (a fine-tuned run's scheme and extension). ``settings``: ``trial_seed``,
-    ``trials`` and ``attention_trials``. A cell's row is the same whichever cells share
+    ``trials``, ``attention_trials`` and ``split`` (whose filler; validation when absent). A cell's row is the same whichever cells share
     the call (its trials are drawn from the cell and the trial seed alone): the study
     scores a grid a cell per job on its pool, and a whole grid per submitit job; on the
     first ``attention_trials`` it measures how much the top layer looks at the needle
     (``needle_attention``)."""
     model, task, labels = _loaded(str(run_dir), extension, base_len, device)
-    filler, seed = task.filler("validation"), settings["trial_seed"]
+    filler, seed = task.filler(settings.get("split", "validation")), settings["trial_seed"]
     rows = []
     for length, depth in cells:
         (row,) = evaluate_grid(model, filler, task.sym, [length], [depth], digits=task.digits, seed=seed,

@@ -98,8 +98,10 @@ class Task:
         return [], []
 
     def check_evaluate(self, name: str, evaluate: Mapping) -> None:
-        """Refuse an entry's ``evaluate`` settings this task cannot score with (here: any, ``{}``)."""
-        _known(name, evaluate, set())
+        """Refuse an entry's ``evaluate`` settings this task cannot score with (here: any but
+        ``split``, the split of the recorded metrics its table reads: ``split_of``)."""
+        _known(name, evaluate, {"split"})
+        check_split(name, evaluate)
 
     def outputs(self, scheme: str) -> list[str]:
         """The files of a scheme's rows that a study writes, under its results folder
@@ -140,6 +142,20 @@ class FollowUp:
     kwargs: dict
     finish: Callable[..., tuple[list[dict], str]]
     finish_kwargs: dict
+
+
+#: the held-out splits a study scores on: tuning reads validation, the verdicts of record test
+SPLITS = ("validation", "test")
+
+
+def split_of(evaluate: Mapping) -> str:
+    """The held-out split a task entry's ``evaluate`` scores on (validation when it names none)."""
+    return str(evaluate.get("split") or "validation")
+
+
+def check_split(name: str, evaluate: Mapping) -> None:
+    if split_of(evaluate) not in SPLITS:
+        raise ConfigError(f"tasks: {name}: evaluate: split must be one of {', '.join(SPLITS)}, not {evaluate['split']!r}")
 
 
 def _known(name: str, evaluate: Mapping, allowed: set[str], need: set[str] = frozenset()) -> None:

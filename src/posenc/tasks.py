@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .taskbase import Call, FollowUp, Task, _keys, _known, build, multipliers
+from .taskbase import Call, FollowUp, Task, _keys, _known, build, check_split, multipliers, split_of
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -61,8 +61,9 @@ class CausalLM(Task):
         (``posenc.evaluate.rows_at_lengths``), in the run's own job."""
         from .evaluate import rows_at_lengths  # torch: imported in the job that scores the run
 
-        return [Call(rows_at_lengths, {**run, "multipliers": multipliers(spec), "max_tokens": spec.get("max_tokens")})
-                for run in scored], []
+        scoring = {"multipliers": multipliers(spec), "max_tokens": spec.get("max_tokens"),
+                   "split": split_of(spec), "passages": int(spec.get("passages", 1))}
+        return [Call(rows_at_lengths, {**run, **scoring}) for run in scored], []
 
     def write(self, rows: list[dict], path) -> None:
         """The rows as ``<scheme>.csv`` and ``<scheme>.json`` (``posenc.evaluate.write_results``)."""
@@ -71,8 +72,14 @@ class CausalLM(Task):
         write_results(rows, path)
 
     def check_evaluate(self, name: str, evaluate: Mapping) -> None:
-        """``multipliers`` (of L) are needed; ``max_tokens`` and ``extensions`` are taken."""
-        _known(name, evaluate, {"multipliers", "max_tokens", "extensions"}, need={"multipliers"})
+        """``multipliers`` (of L) are needed; ``max_tokens``, ``split`` (validation, the default, or
+        test), ``passages`` (how many, drawn by each run's seed: ``posenc.evaluate``) and
+        ``extensions`` are taken."""
+        _known(name, evaluate, {"multipliers", "max_tokens", "split", "passages", "extensions"}, need={"multipliers"})
+        check_split(name, evaluate)
+        passages = evaluate.get("passages", 1)
+        if not (isinstance(passages, int) and passages >= 1):
+            raise ConfigError(f"tasks: {name}: evaluate: passages must be a whole number of at least 1, not {passages!r}")
 
 
 class MaskedLM(Task):
@@ -146,7 +153,8 @@ class Retrieval(Task):
         (``posenc.retrieval.score_cells``; ``finish_grid`` writes and logs the whole grid)."""
         from .retrieval import DEPTHS, finish_grid, score_cells
 
-        grid = {"trial_seed": 0, "trials": int(spec["trials"]), "attention_trials": int(spec["attention_trials"])}
+        grid = {"trial_seed": 0, "trials": int(spec["trials"]), "attention_trials": int(spec["attention_trials"]),
+                "split": split_of(spec)}
         follow = []
         for i, run in enumerate(scored):
             L = run["base_len"]
@@ -166,9 +174,11 @@ class Retrieval(Task):
 
     def check_evaluate(self, name: str, evaluate: Mapping) -> None:
         """The grid needs ``multipliers``, ``trials`` per cell and ``attention_trials`` (of
-        which the top layer's attention to the needle is measured), and takes ``extensions``."""
+        which the top layer's attention to the needle is measured), and takes ``extensions``
+        and ``split`` (whose filler the trials are drawn from)."""
         need = {"multipliers", "trials", "attention_trials"}
-        _known(name, evaluate, need | {"extensions"}, need=need)
+        _known(name, evaluate, need | {"extensions", "split"}, need=need)
+        check_split(name, evaluate)
         trials, attn = evaluate["trials"], evaluate["attention_trials"]
         if not (isinstance(trials, int) and trials >= 1 and isinstance(attn, int) and 0 <= attn <= trials):
             raise ConfigError(f"tasks: {name}: evaluate: trials must be at least 1 and attention_trials between 0 "

@@ -92,8 +92,8 @@ class _ContentGrads:
     reads q and k, or the scheme has a value term): each block's float mask, and autograd
     carrying dS through the block's bias to q, k and the parameters."""
 
-    def __init__(self, scheme, pos, params, causal, batch):
-        self.scheme, self.pos, self.params, self.causal, self.batch = scheme, pos, params, causal, batch
+    def __init__(self, scheme, pos, params, causal):
+        self.scheme, self.pos, self.params, self.causal = scheme, pos, params, causal
         self.grads: list[Tensor | None] = [None] * len(params)
 
     def mask(self, qb: Tensor, kb: Tensor, r0: int, r1: int, c1: int) -> Tensor | None:
@@ -106,8 +106,8 @@ class _ContentGrads:
         b = self.b
         if b is None or not b.requires_grad:
             return
-        g = torch.autograd.grad(b, [self.q_, self.k_, *self.params],
-                                ds if b.shape[0] == self.batch else ds.sum(0, keepdim=True), allow_unused=True)
+        # a bias broadcast over the batch or the query rows (B, H, 1, Tk) takes dS summed over them
+        g = torch.autograd.grad(b, [self.q_, self.k_, *self.params], ds.sum_to_size(b.shape), allow_unused=True)
         dq[..., r0:r1, :] += g[0] if g[0] is not None else 0
         if g[1] is not None:
             dk[..., :c1, :] += g[1]
@@ -169,7 +169,7 @@ class _RecomputedBiasAttention(torch.autograd.Function):
         dy = dy.contiguous()
         delta = (dy * y).sum(-1, keepdim=True)  # rowsum(dY * Y) = rowsum(dP * P), a value term included
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        bias = (_ContentGrads(scheme, pos, params, causal, B) if ctx.rebuilt
+        bias = (_ContentGrads(scheme, pos, params, causal) if ctx.rebuilt
                 else _PositionGrads(scheme, pos, shared, params, causal, q.dtype))
         for r0, r1, c1 in row_blocks(B, H, T, k.shape[-2], causal):
             qb, kb, vb, dyb = q[..., r0:r1, :], k[..., :c1, :], v[..., :c1, :], dy[..., r0:r1, :]

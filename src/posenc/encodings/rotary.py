@@ -63,11 +63,18 @@ class RoPE(PositionalScheme):
 
     ``scaling`` rescales the frequencies at every call by s = max(1, T / L),
     T = the largest query or key position + 1 and L = ``original_len`` (the
-    training length); at T <= L every rule is plain RoPE, bit for bit:
+    training length); at T <= L every rule is plain RoPE, bit for bit. With
+    ``factor`` (``pi`` only) s is that number at every call instead, whatever T:
 
     * ``pi``, position interpolation (Chen et al. 2023, "Extending Context Window
       of Large Language Models via Positional Interpolation"): inv_freq / s,
-      i.e. angle (m / s) * inv_freq.
+      i.e. angle (m / s) * inv_freq. Chen et al. fix s = L' / L for a model
+      extended to a window of L' (their section 2.2): a run fine-tuned at 4L has
+      ``factor`` 4 and keeps it at every length, within L too. Without ``factor``,
+      s is the window's own max(1, T / L), which for a window read from position 0
+      is the static factor T / L of that window: the zero-shot form.
+    * ``pi_dynamic``: inv_freq / max(1, T / L) at every call, also for a run
+      fine-tuned with it (so off within L, where a fine-tuned ``pi`` is not).
     * ``ntk``, NTK-aware scaling (bloc97 2023, as written up in Peng et al. 2023,
       section 3.1): base -> base * s^(d / (d - 2)), i.e. inv_freq[i] * s^(-2i / (d - 2)).
     * ``yarn``, YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension
@@ -100,12 +107,13 @@ class RoPE(PositionalScheme):
         base: the wavelength base (10000 in the paper).
         fraction: the share of each head's features that rotate (1.0 = all,
             0.25 as in GPT-NeoX); the rotated count must be even.
-        scaling: None (plain RoPE), ``"pi"``, ``"ntk"`` or ``"yarn"``.
+        scaling: None (plain RoPE), ``"pi"``, ``"pi_dynamic"``, ``"ntk"`` or ``"yarn"``.
         original_len: L, the training length; required with ``scaling``.
+        factor: ``pi``'s fixed s (at least 1); None: the window's max(1, T / L).
         yarn_alpha, yarn_beta: YaRN's ramp ends, in turns over L (None: 1 and 32).
     """
 
-    SCALINGS = ("pi", "ntk", "yarn")
+    SCALINGS = ("pi", "pi_dynamic", "ntk", "yarn")
     # plain RoPE; with a scaling rule the factor s follows the largest position, so a
     # shift past L changes the logits (the rules are evaluation settings)
     relative = True
@@ -119,6 +127,7 @@ class RoPE(PositionalScheme):
         original_len: int | None = None,
         yarn_alpha: float | None = None,
         yarn_beta: float | None = None,
+        factor: float | None = None,
         **kw,
     ):
         super().__init__(**kw)
@@ -134,7 +143,10 @@ class RoPE(PositionalScheme):
         self.rotary_dim = d = rotary_dim
         two_i = torch.arange(0, d, 2, dtype=torch.float32)
         self.register_buffer("inv_freq", base ** (-two_i / d), persistent=False)
-        self.scaling, self.original_len = scaling, original_len
+        self.scaling, self.original_len, self.factor = scaling, original_len, factor
+        if factor is not None and (scaling != "pi" or not factor >= 1):
+            raise ValueError(f"encoding.scheme.factor={factor}: a fixed factor of at least 1, with scaling=pi only "
+                             f"(scaling={scaling})")
         # null = the paper's 1 and 32 (null in the config keeps old runs' identity)
         self.yarn_alpha = yarn_alpha = 1.0 if yarn_alpha is None else yarn_alpha
         self.yarn_beta = yarn_beta = 32.0 if yarn_beta is None else yarn_beta
@@ -167,12 +179,14 @@ class RoPE(PositionalScheme):
 
     def scaled(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor | None]:
         """The inverse frequencies (Dr/2,) for this call and the factor on q and k
-        (None: 1), from s = max(1, T / L) kept on the device (no host sync)."""
+        (None: 1), from ``factor`` or s = max(1, T / L) kept on the device (no host sync)."""
         if self.scaling is None:
             return self.inv_freq, None
+        if self.factor is not None:
+            return self.inv_freq / self.factor, None
         T = torch.maximum(q_pos.max(), k_pos.max()).to(torch.float32) + 1
         s = (T / self.original_len).clamp(min=1.0)
-        if self.scaling == "pi":
+        if self.scaling in ("pi", "pi_dynamic"):
             return self.inv_freq / s, None
         if self.scaling == "ntk":
             return self.inv_freq * s**self.ntk_power, None
@@ -194,7 +208,10 @@ class RoPE(PositionalScheme):
 
     def extra_repr(self) -> str:
         out = super().extra_repr()
-        return out if self.scaling is None else out + f", scaling={self.scaling}, original_len={self.original_len}"
+        if self.scaling is None:
+            return out
+        return out + f", scaling={self.scaling}, original_len={self.original_len}" + (
+            f", factor={self.factor}" if self.factor is not None else "")
 
 
 class XPos(PositionalScheme):
