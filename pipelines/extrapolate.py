@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=ev.DEFAULT_MAX_TOKENS,
                    help="scored tokens, floored to a multiple of every length; 0 = the whole split")
     p.add_argument("--split", default="validation", choices=["validation", "test", "train"])
+    p.add_argument("--passages", type=int, default=1,
+                   help="passages of the split the scored tokens are cut into, drawn by the run's seed (default: 1, "
+                        "the split's first tokens)")
     p.add_argument("--token-budget", type=int, default=ev.DEFAULT_TOKEN_BUDGET,
                    help="batch * length stays under this many tokens")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 or auto (default: cuda when present)")
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-mlflow", action="store_true", help="do not log to the model's MLflow run")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    if a.passages < 1:
+        p.error(f"--passages {a.passages}: score at least one passage")
     for flag, values in (("--lengths", a.lengths), ("--multipliers", a.multipliers)):
         if values and min(values) < 1:
             p.error(f"{flag} must be at least 1, got {values}")
@@ -59,7 +64,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a = parse_args(argv)
     settings = ev.Settings(
         multipliers=a.multipliers, lengths=a.lengths, methods=a.methods, stride=a.stride,
-        max_tokens=a.max_tokens or None, split=a.split, token_budget=a.token_budget, device=a.device,
+        max_tokens=a.max_tokens or None, split=a.split, passages=a.passages, token_budget=a.token_budget,
+        device=a.device,
         which=a.which, data_dir=a.data_dir, cache_dir=a.cache_dir, runs_dir=a.runs_dir,
         tracking_uri=a.tracking_uri, log_mlflow=not a.no_mlflow, progress=not a.no_progress, extension=a.extension,
     )  # fmt: skip

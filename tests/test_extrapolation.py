@@ -171,6 +171,12 @@ def test_run_id_resolves_through_run_folder_mlflow_artifacts_and_cli(trained, tm
                  "--out", str(tmp_path / "cli.csv")])  # fmt: skip
     assert [(r["eval_len"], r["n_tokens"]) for r in rows] == [(32, 1024), (64, 1024)]
     assert len(ev.read_results([tmp_path / "cli.csv"])) == 2
+    two = main([trained["run_id"], "--runs-dir", str(trained["root"] / "outputs"), "--multipliers", "1", "2",
+                "--methods", "nonoverlapping", "--max-tokens", "1024", "--passages", "2", "--split", "test",
+                "--no-progress", "--no-mlflow"])  # fmt: skip
+    starts = [int(s) for s in two[0]["passages"].split()]
+    assert [r["n_tokens"] for r in two] == [1024, 1024] and len(starts) == 2 and all(s % 512 == 0 for s in starts)
+    assert {r["split"] for r in two} == {"test"} and two[0]["passages"] == two[1]["passages"]
 
 
 def test_windows_partition_the_same_tokens():
