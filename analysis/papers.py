@@ -5,7 +5,8 @@ A claim lists tests (see the file's header for the kinds). A comparison is never
 second time here: ``lm_ratio`` and ``lm_at`` read the LM table's test (a scheme against the
 table's reference, read the other way round when the claim names the reference first) or the
 test of a pair params.yaml names (``lm_table.pairs``); ``rule`` reads a context-extension row
-against its plain row (paired); ``exact`` reads the retrieval table's test against its
+against its plain row (paired; on the ratio, or with ``quantity: ppl`` on the perplexity at the
+test's ``multiple`` alone); ``exact`` reads the retrieval table's test against its
 reference. Each is read at every multiple of L the table holds (``by_multiple``), and the claim
 is met at the multiple nearest the paper's own range (the paper's ``multiple``; a test may fix
 its own). ``flat`` and ``band`` are conditions on intervals over seeds:
@@ -156,13 +157,14 @@ def comparison(test: Mapping, study, multiple: int) -> dict:
     ``at`` (the multiple it is met at), ``comparison`` (the test there) and ``verdict``."""
     kind, a = test["kind"], test["a"]
     at = int(test.get("multiple", multiple))
+    quantity = test.get("quantity", "ratio")  # a rule row's test on its ratio, or on its perplexity at kL
     if kind == "rule":
-        found = dict(((study.lm.get(a) or {}).get("rule") or {}).get("ratio") or {}) or None
+        found = dict(((study.lm.get(a) or {}).get("rule") or {}).get(quantity) or {}) or None
     elif kind == "exact":
         found = exact_tests(study.retrieval, a, test["b"])
     else:
         found = lm_tests(study.lm, study.lm_pairs, a, test["b"], "ratio" if kind == "lm_ratio" else "ppl")
-    if kind == "lm_at" and found:
+    if (kind == "lm_at" or quantity == "ppl") and found:
         found = {str(at): found[str(at)]} if str(at) in found else None
     c = (found or {}).get(str(at))
     return {"test": test, "at": at, "by_multiple": found or {}, "comparison": c,

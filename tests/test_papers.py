@@ -138,6 +138,41 @@ def test_a_control_gives_the_reason_a_claim_disagrees():
     assert no_control["controls"][0]["verdict"] == papers.UNTESTED_CLAIM  # the profile has no results
 
 
+def test_a_rule_claim_on_the_perplexity_reads_the_rule_rows_test_at_its_multiple_alone():
+    """``kind: rule`` with ``quantity: ppl``: the rule row's paired test of its perplexity against
+    its plain scheme's, as the tables stage wrote it, at the test's multiple only (not the ratio's
+    multiples); a control reads the same test in its profile."""
+    from analysis.stats import compare, family
+
+    def study(tuned):
+        plain = [7.8, 7.9, 7.85, 7.82]
+        lm = {"rope": {"train_len": 64, "ratios": {}, "lengths": {}},
+              "rope+pi+ft4L": {"train_len": 64, "ratios": {}, "lengths": {}, "rule": {
+                  "ppl": {k: family({"rope": compare(tuned, plain, "log", 0.05, paired=True) | {"against": "rope"}},
+                                    higher_is_better=False)["rope"] for k in ("1", "2")},
+                  "ratio": {"2": {"verdict": AHEAD, "against": "rope"}}}}}
+        return SimpleNamespace(lm=lm, lm_pairs={}, retrieval={"schemes": {}}, correlations={"schemes": {}}, minilm={},
+                               params={"lm_table": {"margin": 0.05}, "retrieval_table": {"margin": 0.1}})
+
+    claim = {"key": "within", "paper": "p", "claim": "kept within L", "quoted": "q",
+             "tests": [{"kind": "rule", "a": "rope+pi+ft4L", "quantity": "ppl", "multiple": 1,
+                        "expect": ["equivalent", "ahead"]}],
+             "controls": [{"study": "longer", "kind": "rule", "a": "rope+pi+ft4L", "quantity": "ppl", "multiple": 1,
+                           "label": "longer"}]}
+    lit = {**LITERATURE, "claims": [claim]}
+    worse = study([8.8, 8.7, 8.9, 8.75])  # 12% worse at L: behind, so the claim disagrees
+    kept = study([7.81, 7.92, 7.84, 7.83])  # within 5%: equivalent, so it agrees
+    (row,) = papers.against_papers(lit, worse, {"longer": kept})
+    result = row["results"][0]
+    assert result["at"] == 1 and set(result["by_multiple"]) == {"1"}
+    assert result["comparison"] is worse.lm["rope+pi+ft4L"]["rule"]["ppl"]["1"]
+    assert result["comparison"]["verdict"] == BEHIND and row["verdict"] == papers.DISAGREES
+    assert row["controls"][0]["verdict"] == papers.AGREES and row["controls"][0]["shifts"] == {}
+    assert words.reason(row["reason"]).endswith("the control agrees with the paper: longer")
+    (row,) = papers.against_papers(lit, kept, {})
+    assert row["results"][0]["comparison"]["verdict"] == EQUIVALENT and row["verdict"] == papers.AGREES
+
+
 def test_band_conditions_read_each_scheme_and_minilm():
     corr = {"schemes": {"sinusoidal (mlm)": {"terms": {"position-position": {"values": [1.5, 1.4, 1.6]},
                                                         "word-position": {"values": [-0.1, -0.05, -0.12]}}}}}
