@@ -231,7 +231,8 @@ def reason(row: Mapping) -> dict | None:
     schemes it does not hold against (``against``) and those left undecided (``undecided``),
     and where a test disagrees what the controls say (``control``: ``agrees`` with the
     control's label, ``undecided`` with the schemes whose ratio the setting moves and those it
-    does not, or ``none`` with the label of a control that disagrees too, if any ran)."""
+    does not, or ``none`` with the label of a control that disagrees too, if any ran, and whether
+    its difference lies within the table's margin: ``within_margin``)."""
     if row["verdict"] in (AGREES, UNDECIDED_CLAIM, UNTESTED_CLAIM):
         return None
 
@@ -256,7 +257,8 @@ def _why(controls: Sequence[Mapping]) -> dict:
             return {"kind": "undecided", "label": c["label"], "moved": moved,
                     "unmoved": [s for s in c["shifts"] if s not in moved]}
     ran = [c for c in controls if c["verdict"] != UNTESTED_CLAIM]
-    return {"kind": "none", "label": ran[0]["label"] if ran else None}
+    within = bool(ran) and bool((ran[0].get("comparison") or {}).get("within_margin"))
+    return {"kind": "none", "label": ran[0]["label"] if ran else None, "within_margin": within}
 
 
 def tally(rows: Sequence[Mapping]) -> dict:

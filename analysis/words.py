@@ -127,7 +127,8 @@ def reason(r: Mapping | None) -> str:
         parts.append(f"possibly the setting the control changes: {c['label']}, the difference is no longer decided, "
                      f"though the control does not show the paper's finding either{moved}")
     elif c:
-        parts.append("unexplained" + (f" (the control {c['label']} disagrees too)" if c.get("label") else ""))
+        too = ", though by a difference within the margin" if c.get("within_margin") else ""
+        parts.append("unexplained" + (f" (the control {c['label']} disagrees too{too})" if c.get("label") else ""))
     return "; ".join(parts)
 
 

@@ -169,6 +169,12 @@ def test_a_rule_claim_on_the_perplexity_reads_the_rule_rows_test_at_its_multiple
     assert result["comparison"]["verdict"] == BEHIND and row["verdict"] == papers.DISAGREES
     assert row["controls"][0]["verdict"] == papers.AGREES and row["controls"][0]["shifts"] == {}
     assert words.reason(row["reason"]).endswith("the control agrees with the paper: longer")
+    near = study([7.86, 7.97, 7.90, 7.88])  # 0.7% worse, consistently: behind, and within the 5% margin
+    (row,) = papers.against_papers(lit, worse, {"longer": near})
+    control = row["controls"][0]["comparison"]
+    assert control["verdict"] == BEHIND and control["within_margin"] and row["reason"]["control"]["within_margin"]
+    assert words.reason(row["reason"]).endswith(
+        "unexplained (the control longer disagrees too, though by a difference within the margin)")
     (row,) = papers.against_papers(lit, kept, {})
     assert row["results"][0]["comparison"]["verdict"] == EQUIVALENT and row["verdict"] == papers.AGREES
 
