@@ -300,6 +300,14 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", counts
 
 
+def judged_in(report: Path) -> int | None:
+    """How many mutants a written report judged (in scope, less those not judged yet); None without one."""
+    text = report.read_text() if report.exists() else ""
+    scope = re.search(r"^- mutants in scope: (\d+)", text, re.M)
+    pending = re.search(r"^- not judged yet[^:]*: (\d+)", text, re.M)
+    return int(scope.group(1)) - int(pending.group(1)) if scope and pending else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -307,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="remove mutants/ first (all verdicts are redone)")
     p.add_argument("--survivors", action="store_true", help="judge the surviving mutants again")
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--replace", action="store_true",
+                   help="write the report even where it judged fewer mutants than the one it replaces")
     p.add_argument("--only", nargs="+", metavar="PATTERN",
                    help="judge only the mutants in scope that match one of these (e.g. 'analysis.*'); "
                         "the report counts the rest as not judged")
@@ -335,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     text, counts = report(results())
     if not a.report_only and counts["mutants"] == counts["pending"]:
         raise SystemExit("no mutant was judged: docs/mutation.md is left as it was")
+    judged, before = counts["mutants"] - counts["pending"], judged_in(REPORT)
+    if before is not None and judged < before and not a.replace:
+        raise SystemExit(f"this run's verdicts cover {judged} mutants, the report they would replace {before} "
+                         f"(a stopped run, or verdicts lost): {REPORT.name} is left as it was; --replace writes it")
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(text)
     print(re.sub(r"\n## Equivalent mutants.*", "", text, flags=re.S))

@@ -111,3 +111,33 @@ def test_a_mutation_run_that_judged_nothing_stops_and_keeps_the_last_report(monk
     with pytest.raises(SystemExit, match="no mutant was judged"):
         mutation.main([])
     assert not (tmp_path / "mutation.md").exists()
+
+
+def test_a_mutation_report_is_not_replaced_by_one_that_judged_fewer(monkeypatch, tmp_path):
+    """A store that judged fewer mutants than the written report did (a stopped run, verdicts
+    lost) leaves the report as it was, unless ``--replace``; the committed report's count is
+    read from its own lines."""
+    from tests import mutation
+
+    from .conftest import REPO
+
+    assert mutation.judged_in(REPO / "docs" / "mutation.md") == 6608 - 2718  # its scope less the not judged
+    report = tmp_path / "mutation.md"
+    report.write_text("# Mutation score\n\n- mutants in scope: 3 (killed 2)\n- not judged yet (left out): 1\n")
+    assert mutation.judged_in(report) == 2 and mutation.judged_in(tmp_path / "none.md") is None
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "REPORT", report)
+    monkeypatch.setattr(mutation, "run", lambda names, n: None)
+    monkeypatch.setattr(mutation, "verdicts", lambda: {})
+    monkeypatch.setattr(mutation, "load_equivalent", lambda: {})
+    monkeypatch.setenv("POSENC_DATA_DIR", str(tmp_path))
+    (tmp_path / "mutants").mkdir()
+    one = {"posenc.data.x_f__mutmut_1": "killed", "posenc.data.x_f__mutmut_2": mutation.NOT_JUDGED,
+           "posenc.data.x_f__mutmut_3": mutation.NOT_JUDGED}
+    monkeypatch.setattr(mutation, "results", lambda: one)
+    before = report.read_text()
+    with pytest.raises(SystemExit, match="cover 1 mutants, the report they would replace 2"):
+        mutation.main([])
+    assert report.read_text() == before
+    mutation.main(["--replace"])
+    assert report.read_text() != before and mutation.judged_in(report) == 1
