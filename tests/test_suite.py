@@ -115,13 +115,10 @@ def test_a_mutation_run_that_judged_nothing_stops_and_keeps_the_last_report(monk
 
 def test_a_mutation_report_is_not_replaced_by_one_that_judged_fewer(monkeypatch, tmp_path):
     """A store that judged fewer mutants than the written report did (a stopped run, verdicts
-    lost) leaves the report as it was, unless ``--replace``; the committed report's count is
-    read from its own lines."""
+    lost) leaves the report as it was, unless ``--replace``; the count is read from the lines the
+    report writes (the one written last is read back)."""
     from tests import mutation
 
-    from .conftest import REPO
-
-    assert mutation.judged_in(REPO / "docs" / "mutation.md") == 6608 - 2718  # its scope less the not judged
     report = tmp_path / "mutation.md"
     report.write_text("# Mutation score\n\n- mutants in scope: 3 (killed 2)\n- not judged yet (left out): 1\n")
     assert mutation.judged_in(report) == 2 and mutation.judged_in(tmp_path / "none.md") is None
