@@ -216,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.name not in known:
         p.error(f"profile {a.name!r}: no profiles/{a.name}/params.yaml; profiles: {', '.join(known) or 'none'}")
     if a.freeze or a.thaw:
-        freeze(a.name, a.freeze, ROOT) if a.freeze else thaw(a.name, ROOT)
+        if a.freeze:
+            freeze(a.name, a.freeze, ROOT)
+        else:
+            thaw(a.name, ROOT)
         print(f"profiles/{a.name}: {'frozen' if a.freeze else 'thawed'}; commit its params.yaml and dvc.yaml")
         return 0
     why = frozen(a.name, ROOT)
