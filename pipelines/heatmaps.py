@@ -1,14 +1,15 @@
 """One scheme's Ke et al. heatmaps and band scores, and how far its causal-LM runs
 attend, from the runs its study stage made.
 
-    python -m pipelines.heatmaps alibi --runs results/runs/alibi.json --draw-seed 0 --batches 2 \
+    python -m pipelines.heatmaps alibi --runs results/runs/alibi.json --batches 2 \
         --out-dir figures/correlations/alibi --json results/correlations/alibi.json \
         --maps results/correlations/alibi.npz --reach results/reach/alibi.csv --multipliers 1 2 4 8 16
 
 Reads the runs that ``pipelines.study`` recorded in ``--runs`` (its masked-LM runs,
 or its causal-LM ones when the scheme is causal only, such as xPos: their panels
 are titled "(lm)"), summarises every run (band score of each term, and their mean
-and sd over seeds), draws the runs of ``--draw-seed`` (Figure 2 and every head,
+and sd over seeds), draws the run of ``--draw-seed`` (by default the lowest seed those runs
+have: the study's first; Figure 2 and every head,
 under ``--out-dir``) and saves their maps (``--maps``), from which the
 ``correlations`` stage draws the overview of every scheme. With ``--reach`` it
 also writes the mean attention distance and entropy of every causal-LM run per
@@ -47,6 +48,13 @@ def reach_task(names) -> str | None:
     return next((t for t in sorted(set(names)) if load(t).results == "extrapolation"), None)
 
 
+def first_seed(runs_file: str | Path, choose=first_layer_task) -> int:
+    """The lowest seed of the runs of the task that ``choose`` picks (the run drawn by default)."""
+    runs = json.loads(Path(runs_file).read_text())["runs"]
+    task = choose([r["task"] for r in runs])
+    return min(int(r["seed"]) for r in runs if r["task"] == task)
+
+
 def checkpoints(runs_file: str | Path, choose=first_layer_task) -> list[Path]:
     """The last checkpoint of every run of the scheme's task that ``choose`` picks among its tasks."""
     doc = json.loads(Path(runs_file).read_text())
@@ -72,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scheme")
     p.add_argument("--runs", required=True, help="results/runs/<scheme>.json of pipelines.study")
-    p.add_argument("--draw-seed", type=int, default=0, help="the seed whose runs are drawn")
+    p.add_argument("--draw-seed", type=int, default=None,
+                   help="the seed whose run is drawn (default: the lowest seed of the runs read)")
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--out-dir", required=True, help="this scheme's figures")
     p.add_argument("--json", required=True, help="this scheme's summary (every run, spread over seeds)")
@@ -88,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.terms import DEFAULT_BAND_WIDTH, seed_spread, summary_document
 
     ckpts = checkpoints(a.runs)
+    if a.draw_seed is None:
+        a.draw_seed = first_seed(a.runs)
     drawn, summaries = summarise(ckpts, a.out_dir, a.batches, draw_seed=a.draw_seed)
     if len(drawn) != 1:
         raise SystemExit(f"error: {a.scheme}: expected one run of seed {a.draw_seed} to draw, found {len(drawn)}")

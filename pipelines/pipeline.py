@@ -85,7 +85,7 @@ persist: DVC leaves the outputs in place until the study replaces them all at it
 refused, failed or interrupted stage leaves the committed results as they were; besides its
 runs file, they are the files each task of params.yaml writes (posenc.tasks.Task.outputs)"""),
     Stage("heatmaps",
-          "python -m pipelines.heatmaps ${key} --runs results/runs/${key}.json --draw-seed 0 "
+          "python -m pipelines.heatmaps ${key} --runs results/runs/${key}.json "
           "--batches ${correlations.batches} --out-dir figures/correlations/${key} "
           "--json results/correlations/${key}.json --maps results/correlations/${key}.npz "
           "--reach results/reach/${key}.csv --multipliers ${tasks.lm.evaluate.multipliers} "

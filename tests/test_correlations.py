@@ -271,3 +271,18 @@ def test_pretrained_cli_writes_figure_and_json(minilm, data_root, tmp_path, caps
         assert (out / f"minilm_l6_v2.{x}").stat().st_size > 0
     assert "minilm_l6_v2" in capsys.readouterr().out
     assert pipelines_pretrained.main(["--data-dir", str(tmp_path / "nowhere"), "--json", str(js)]) == 2
+
+
+def test_the_heatmaps_stage_draws_the_lowest_seed_of_the_runs_it_reads(tmp_path):
+    """``pipelines.heatmaps.first_seed``, the run drawn by default: the lowest seed among the
+    runs of the task the maps read (the masked LM where the scheme has one), not seed 0, which a
+    study of fresh seeds (100 and up) lacks; the causal LM's lower seed is not the one read."""
+    from pipelines.heatmaps import first_seed
+
+    runs = [{"task": "mlm", "seed": 102}, {"task": "mlm", "seed": 100}, {"task": "lm", "seed": 7},
+            {"task": "mlm", "seed": 101}]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert first_seed(path) == 100
+    path.write_text(json.dumps({"runs": [r for r in runs if r["task"] == "lm"]}))
+    assert first_seed(path) == 7  # a causal-only scheme: its causal LM's
