@@ -147,28 +147,67 @@ def accuracy(study) -> dict[str, float]:
     return {s: e["acc_mean"] for s, e in study.mlm["summary"].items()}
 
 
-def best_rate(profiles: Mapping[str, object], read, lower_is_better: bool) -> dict[str, dict]:
-    """Each scheme's best learning rate over the fairness profiles ({rate: Study}) by the value
-    ``read`` gives per scheme (``ppl_at_l``: lower is better; ``accuracy``: higher is better):
-    {scheme: {"rate", "value", "by_rate": {rate: value}}}."""
-    by: dict[str, dict[str, float]] = {}
-    for rate, prof in profiles.items():
-        for s, v in read(prof).items():
-            by.setdefault(s, {})[rate] = v
+def best_rate(profiles: Mapping[str, Sequence], read, lower_is_better: bool) -> dict[str, dict]:
+    """Each scheme's best learning rate over the fairness profiles ({rate: [Study, ...]}, the
+    studies at a rate differing in their seed alone) by the value ``read`` gives per scheme
+    (``ppl_at_l``: lower is better; ``accuracy``: higher is better), averaged over the studies of
+    a rate that hold the scheme: {scheme: {"rate", "value", "by_rate": {rate: mean},
+    "by_seed": {rate: [value of each study]}}}."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for rate, studies in profiles.items():
+        for prof in studies:
+            for s, v in read(prof).items():
+                by.setdefault(s, {}).setdefault(rate, []).append(v)
     choose = min if lower_is_better else max
-    return {s: {"rate": choose(v, key=v.get), "value": choose(v.values()), "by_rate": v} for s, v in sorted(by.items())}
+    out = {}
+    for s, v in sorted(by.items()):
+        mean = {r: sum(x) / len(x) for r, x in v.items()}
+        best = choose(mean, key=mean.get)
+        out[s] = {"rate": best, "value": mean[best], "by_rate": mean, "by_seed": v}
+    return out
 
 
-def fairness(default, profiles: Mapping[str, object], default_rate: str, margins: Mapping) -> dict:
-    """The default study against the fairness profiles ({rate: Study}, one seed each, 4x the
-    steps): Kendall's τ of every LM and MLM ordering between the default study and (a) the
+def shared_rate(best: Mapping[str, dict], lower_is_better: bool) -> dict:
+    """The one rate a study's schemes share, read off ``best_rate``'s table: the grid rate whose
+    largest shortfall from any scheme's own best is least (the fair choice when the optima differ:
+    no scheme is handicapped by more). A shortfall is ``value / best - 1`` where lower is better
+    (perplexity: a fraction), ``best - value`` where higher is (accuracy: points); a scheme with no
+    value at a rate counts as an infinite shortfall there. {"rate", "worst": {rate: {"scheme",
+    "shortfall"}}}, rates in grid order; None without a scheme."""
+    if not best:
+        return None
+    rates = sorted({r for b in best.values() for r in b["by_rate"]}, key=float)
+
+    def short(b: dict, r: str) -> float:
+        v = b["by_rate"].get(r)
+        if v is None:
+            return math.inf
+        return v / b["value"] - 1 if lower_is_better else b["value"] - v
+
+    worst = {}
+    for r in rates:
+        scheme = max(best, key=lambda s: short(best[s], r))
+        worst[r] = {"scheme": scheme, "shortfall": short(best[scheme], r)}
+    return {"rate": min(rates, key=lambda r: worst[r]["shortfall"]), "worst": worst}
+
+
+def fairness(default, profiles: Mapping[str, Sequence], default_rate: str, margins: Mapping,
+             mlm_rate: str | None = None) -> dict:
+    """The default study against the fairness profiles ({rate: [Study, ...]}, one seed each, 4x the
+    steps; a rate may have more than one, each a study of its own): each scheme's best rate from
+    the mean over a rate's seeds (``best_rate``), and, from the first study of each rate (the one
+    every rate has), Kendall's τ of every LM and MLM ordering between the default study and (a) the
     profile at the default rate (the budget alone), (b) each scheme at its best rate (the
     budget and the rate), with each scheme's best rate; each comparison the default study
     decides, with the same difference at the tuned, longer budget and at the longer budget
     alone, its direction and its size against the table's margin (``margins``: lm, mlm); and
-    each scheme's ratio at both budgets (``growth``)."""
+    each scheme's ratio at both budgets (``growth``). ``default_rate``: the default study's causal-LM
+    rate; ``mlm_rate``: its masked LM's, when that differs (the masked LM's longer budget alone is
+    read at it, where a profile has it)."""
     lm_best, mlm_best = best_rate(profiles, ppl_at_l, True), best_rate(profiles, accuracy, False)
+    profiles = {rate: studies[0] for rate, studies in profiles.items()}
     same = profiles[default_rate]
+    same_mlm = profiles.get(mlm_rate or default_rate, same)
     tuned_ratio = {s: _ratio_of(profiles[b["rate"]], s) for s, b in lm_best.items()}
     for s, b in lm_best.items():
         b["tuned_ratio"] = tuned_ratio[s][0] if tuned_ratio[s] else None
@@ -178,7 +217,7 @@ def fairness(default, profiles: Mapping[str, object], default_rate: str, margins
     taus = {
         "lm": {"budget": kendall_compare(d_ratio, _drop_empty({s: _ratio_of(same, s) for s in d_ratio}), False),
                "tuned": kendall_compare(d_ratio, _drop_empty(tuned_ratio), False)},
-        "mlm": {"budget": kendall_compare(d_acc, {s: [e["acc_mean"]] for s, e in same.mlm["summary"].items()}, True),
+        "mlm": {"budget": kendall_compare(d_acc, {s: [e["acc_mean"]] for s, e in same_mlm.mlm["summary"].items()}, True),
                 "tuned": kendall_compare(d_acc, tuned_acc, True)},
     }
     top = str(max(int(k) for e in default.lm.values() for k in e.get("ratios", {})))
@@ -193,11 +232,12 @@ def fairness(default, profiles: Mapping[str, object], default_rate: str, margins
         q = default.mlm["question"]
         if c["verdict"] in DECIDED and q in tuned_acc and o in tuned_acc:
             findings.append(_direction("accuracy", q, o, c, tuned_acc[q][0] - tuned_acc[o][0],
-                                       [same.mlm["summary"].get(q, {}).get("acc_mean")],
-                                       [same.mlm["summary"].get(o, {}).get("acc_mean")], margins["mlm"]))
+                                       [same_mlm.mlm["summary"].get(q, {}).get("acc_mean")],
+                                       [same_mlm.mlm["summary"].get(o, {}).get("acc_mean")], margins["mlm"]))
     growth = {s: {"default": sum(v) / len(v), "longer": _ratio_of(same, s)[0]} for s, v in d_ratio.items()
               if _ratio_of(same, s)}
-    return {"lm_best": lm_best, "mlm_best": mlm_best, "taus": taus, "findings": findings, "growth": growth}
+    return {"lm_best": lm_best, "mlm_best": mlm_best, "taus": taus, "findings": findings, "growth": growth,
+            "shared": {"lm": shared_rate(lm_best, True), "mlm": shared_rate(mlm_best, False)}}
 
 
 #: the budget criterion: a scheme has converged at S steps when doubling them improves its

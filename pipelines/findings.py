@@ -126,12 +126,30 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
         if seed not in (None, prof.seeds("retrieval")[0]):
             raise SystemExit("the retrieval-rate profiles run different seeds: the check compares one seed")
         seed = prof.seeds("retrieval")[0]
-    steps = {prof.rate: {s: v[0] for s, v in _criterion_steps(prof).items()} for prof in profiles}
-    steps[study.rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
-    spread = _criterion_steps(retrieval) if retrieval is not study and retrieval.rate == study.rate else None
-    out = findings.retrieval_rate(steps, mine["steps"], spread, study.rate)
-    return {**out, "seed": int(seed), "default_rate": study.rate, "profiles": {p.rate: p.name for p in profiles},
+    rate = study.rate_of("retrieval")
+    steps = {prof.rate_of("retrieval"): {s: v[0] for s, v in _criterion_steps(prof).items()} for prof in profiles}
+    steps[rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
+    spread = _criterion_steps(retrieval) if retrieval is not study and retrieval.rate_of("retrieval") == rate else None
+    out = findings.retrieval_rate(steps, mine["steps"], spread, rate)
+    return {**out, "seed": int(seed), "default_rate": rate, "profiles": {p.rate_of("retrieval"): p.name for p in profiles},
             "spread_from": retrieval.name if spread else None}
+
+
+def _rate_groups(profiles: list[Study]) -> dict[str, list[Study]]:
+    """{rate: the profiles at that rate}, in the order given (name order: ``fairness-lr1e-2``
+    before ``fairness-lr1e-2-seed1``). Profiles at one rate must differ in their seeds alone."""
+    groups: dict[str, list[Study]] = {}
+    for prof in profiles:
+        groups.setdefault(prof.rate, []).append(prof)
+    for rate, group in groups.items():
+        for prof in group[1:]:
+            for table in ("lm", "mlm"):
+                mine, theirs = prof.spec(table), group[0].spec(table)
+                other = [k for k in mine if k != "seeds" and mine[k] != theirs.get(k)]
+                if other or set(prof.seeds(table)) & set(group[0].seeds(table)):
+                    raise SystemExit(f"{prof.name}: its {table} runs differ from {group[0].name}'s in "
+                                     f"{other or 'nothing but shared seeds'}: the profiles at one rate add seeds")
+    return groups
 
 
 def _profiles(root: Path, prefix: str, table: str) -> list[Study]:
@@ -139,14 +157,16 @@ def _profiles(root: Path, prefix: str, table: str) -> list[Study]:
     return [Study(d, d.name) for d in sorted((root / "profiles").glob(prefix + "*")) if (d / "results" / table).exists()]
 
 
-def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
-    """The fairness block (see the module doc), or None without the profile at the default rate."""
+def _fairness(study: Study, groups: dict[str, list[Study]]) -> dict | None:
+    """The fairness block (see the module doc), or None without the profile at the default rate.
+    ``groups``: {rate: the fairness profiles at that rate, seed 0's first}."""
     P = study.params
     rate = study.rate
-    if rate not in profiles:
+    if rate not in groups:
         return None
     margins = {"lm": P["lm_table"]["margin"], "mlm": P["mlm_table"]["margin"]}
-    out = findings.fairness(study, profiles, rate, margins)
+    out = findings.fairness(study, groups, rate, margins, study.rate_of("mlm"))
+    profiles = {r: g[0] for r, g in groups.items()}
     one = profiles[rate]
     factor = one.spec("lm")["steps"] / study.spec("lm")["steps"]
     grid = sorted(profiles, key=float)
@@ -163,7 +183,7 @@ def _fairness(study: Study, profiles: dict[str, Study]) -> dict | None:
     mlm_s = study.timing["total"]["task_s"].get(study.task("mlm"), 0)
     workers = next(iter(study.timing["stages"].values()))["workers"]
     extra = (factor - 1) * (lm_s + mlm_s) / workers
-    return {**out, "rate": rate, "rates": grid, "factor": factor, "steps": {"lm": one.spec("lm")["steps"],
+    return {**out, "rate": rate, "rates": grid, "seeds_per_rate": {r: len(groups[r]) for r in grid}, "factor": factor, "steps": {"lm": one.spec("lm")["steps"],
                                                                             "mlm": one.spec("mlm")["steps"]},
             "best_counts": {task: {r: [b["rate"] for b in best.values()].count(r) for r in grid}
                             for task, best in (("lm", out["lm_best"]), ("mlm", out["mlm_best"]))},
@@ -247,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     study = Study(root)
     seeds = Study(root / "profiles" / a.retrieval, a.retrieval)
     retrieval = seeds if seeds.has("retrieval") else study
-    fair = {p.name[len("fairness-lr"):]: p for p in _profiles(root, "fairness-lr", "lm_table.json")}
+    groups = _rate_groups(_profiles(root, "fairness-lr", "lm_table.json"))
+    fair = {r: g[0] for r, g in groups.items()}
     budgets = _profiles(root, "budget-steps", "lm_table.json")
     retrieval_rates = _profiles(root, "retrieval-lr", "retrieval_table.json")
     P, top = study.params, study.top
-    fairness = _fairness(study, fair)
+    fairness = _fairness(study, groups)
     families = _families(study, retrieval)
     from analysis import stats
 

@@ -119,10 +119,18 @@ class Study:
 
     @property
     def rate(self) -> str | None:
-        """The learning rate every run of the study shares (``optim.lr=<rate>`` in its ``common``
-        overrides), as written there; None when they leave it to each run's config."""
-        common = self.params["common"]
-        return common.split("optim.lr=")[1].split()[0] if "optim.lr=" in common else None
+        """The learning rate of the study's causal-LM runs (``rate_of("lm")``)."""
+        return self.rate_of("lm")
+
+    def rate_of(self, table: str) -> str | None:
+        """The learning rate of the runs that make ``table`` (lm, mlm, retrieval): ``optim.lr=<rate>``
+        in their task's ``overrides``, else in the study's ``common`` overrides, as written there;
+        None when both leave it to each run's config."""
+        for overrides in (self.params["tasks"].get(self.task(table), {}).get("overrides") or "", self.params["common"]):
+            for word in overrides.split():
+                if word.startswith("optim.lr="):
+                    return word[len("optim.lr="):]
+        return None
 
     def task(self, table: str) -> str:
         """The name of the study's task whose runs make the table ``table`` (``MADE_BY``)."""

@@ -72,12 +72,12 @@ def test_fairness_picks_each_schemes_best_rate_and_compares_the_orders():
     default = _study({"alibi": [1.0, 1.01, 0.99], "rope": [3.0, 3.2, 2.9], "sinusoidal": [2.0, 2.1, 1.9]},
                      {"none": [0.2, 0.21, 0.19], "fb": [0.4, 0.41, 0.39]}, question="fb", against_=["none"])
     rates = {
-        "1e-3": _study({"alibi": [1.0], "rope": [2.5], "sinusoidal": [2.2]}, {"none": [0.22], "fb": [0.45]},
-                       at_l={"alibi": 8.5, "rope": 7.0, "sinusoidal": 9.9}),
-        "3e-3": _study({"alibi": [0.99], "rope": [3.5], "sinusoidal": [1.8]}, {"none": [0.25], "fb": [0.43]},
-                       at_l={"alibi": 8.1, "rope": 7.5, "sinusoidal": 9.2}),
-        "1e-2": _study({"alibi": [1.2], "rope": [4.0], "sinusoidal": [1.5]}, {"none": [0.1], "fb": [0.2]},
-                       at_l={"alibi": 9.0, "rope": 8.0, "sinusoidal": 9.5}),
+        "1e-3": [_study({"alibi": [1.0], "rope": [2.5], "sinusoidal": [2.2]}, {"none": [0.22], "fb": [0.45]},
+                        at_l={"alibi": 8.5, "rope": 7.0, "sinusoidal": 9.9})],
+        "3e-3": [_study({"alibi": [0.99], "rope": [3.5], "sinusoidal": [1.8]}, {"none": [0.25], "fb": [0.43]},
+                        at_l={"alibi": 8.1, "rope": 7.5, "sinusoidal": 9.2})],
+        "1e-2": [_study({"alibi": [1.2], "rope": [4.0], "sinusoidal": [1.5]}, {"none": [0.1], "fb": [0.2]},
+                        at_l={"alibi": 9.0, "rope": 8.0, "sinusoidal": 9.5})],
     }
     out = findings.fairness(default, rates, "3e-3", {"lm": 0.05, "mlm": 0.02})
     assert {s: b["rate"] for s, b in out["lm_best"].items()} == {"alibi": "3e-3", "rope": "1e-3", "sinusoidal": "3e-3"}
@@ -94,6 +94,58 @@ def test_fairness_picks_each_schemes_best_rate_and_compares_the_orders():
     assert mlm["holds_tuned"] and mlm["tuned"] == pytest.approx(0.45 - 0.25) and not mlm["tuned_within_margin"]
     assert out["lm_best"]["rope"]["tuned_ratio"] == 2.5  # the ratio at its best rate
     assert out["growth"]["rope"] == {"default": pytest.approx(3.0333, abs=1e-3), "longer": 3.5}
+
+
+def test_a_rate_with_two_seeds_is_judged_by_their_mean():
+    """``best_rate`` over rates with one or two studies: a scheme's value at a rate is the mean of
+    its seeds' (perplexity at L here), so a second seed can move the best rate: seed 0 alone puts
+    rope's best at 1e-2 (7.0 < 7.2), the mean of both (7.0, 7.8 → 7.4) at 3e-3."""
+    one = lambda ppl: _study({"rope": [1.0]}, {"fb": [0.5]}, at_l={"rope": ppl})  # noqa: E731
+    rates = {"3e-3": [one(7.2)], "1e-2": [one(7.0)]}
+    assert findings.best_rate(rates, findings.ppl_at_l, True)["rope"]["rate"] == "1e-2"
+    rates["1e-2"].append(one(7.8))
+    best = findings.best_rate(rates, findings.ppl_at_l, True)["rope"]
+    assert best["rate"] == "3e-3" and best["by_rate"] == {"3e-3": 7.2, "1e-2": pytest.approx(7.4)}
+    assert best["by_seed"] == {"3e-3": [7.2], "1e-2": [7.0, 7.8]}
+
+
+def test_the_shared_rate_is_the_one_that_handicaps_no_scheme_most():
+    """``shared_rate`` by hand: perplexity at L of two schemes at three rates. a's best is 1e-2
+    (5.0), b's 3e-3 (6.0). At 3e-3 a is 5.5 / 5.0 - 1 = 10% worse than its best; at 1e-2 b is
+    7.2 / 6.0 - 1 = 20% worse; at 3e-2 both are worse still: 3e-3 is shared. For accuracy the
+    shortfall is in points; a rate a scheme lacks counts as the worst."""
+    one = lambda a, b: [_study({"a": [1.0], "b": [1.0]}, {}, at_l={"a": a, "b": b})]  # noqa: E731
+    best = findings.best_rate({"3e-3": one(5.5, 6.0), "1e-2": one(5.0, 7.2), "3e-2": one(6.0, 9.0)},
+                              findings.ppl_at_l, True)
+    out = findings.shared_rate(best, True)
+    assert out["rate"] == "3e-3"
+    assert out["worst"]["3e-3"] == {"scheme": "a", "shortfall": pytest.approx(0.1)}
+    assert out["worst"]["1e-2"] == {"scheme": "b", "shortfall": pytest.approx(0.2)}
+    acc = {"x": {"value": 0.5, "by_rate": {"1e-3": 0.5, "1e-2": 0.45}},
+           "y": {"value": 0.6, "by_rate": {"1e-2": 0.6}}}
+    out = findings.shared_rate(acc, False)
+    assert out["rate"] == "1e-2" and out["worst"]["1e-2"] == {"scheme": "x", "shortfall": pytest.approx(0.05)}
+    assert out["worst"]["1e-3"]["scheme"] == "y" and out["worst"]["1e-3"]["shortfall"] == float("inf")
+    assert findings.shared_rate({}, True) is None
+
+
+def test_profiles_at_one_rate_may_differ_in_their_seeds_alone():
+    """``pipelines.findings._rate_groups``: profiles grouped by their rate, the first one's order
+    kept; a second profile at a rate that shares a seed with the first, or trains otherwise (its
+    steps here), is refused naming why."""
+    from pipelines.findings import _rate_groups
+
+    def study(name: str, rate: str, seeds: str, steps: int = 2000):
+        spec = {"seeds": seeds, "seq_len": 64, "steps": steps}
+        return SimpleNamespace(name=name, rate=rate, spec=lambda table: spec, seeds=lambda table: seeds.split())
+
+    a, b, c = study("fairness-lr1e-2", "1e-2", "0"), study("fairness-lr1e-2-seed1", "1e-2", "1"), \
+        study("fairness-lr3e-3", "3e-3", "0")
+    assert _rate_groups([a, b, c]) == {"1e-2": [a, b], "3e-3": [c]}
+    with pytest.raises(SystemExit, match="nothing but shared seeds"):
+        _rate_groups([a, study("fairness-lr1e-2-again", "1e-2", "0")])
+    with pytest.raises(SystemExit, match=r"\['steps'\]"):
+        _rate_groups([a, study("fairness-lr1e-2-seed1", "1e-2", "1", steps=4000)])
 
 
 def test_a_direction_beside_its_size_against_the_margin():
@@ -194,15 +246,21 @@ def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps()
         _budget(fair, [study("budget-steps4000", "1e-2", 4000, batch=32)])
 
 
-def test_a_studys_rate_is_the_one_its_common_overrides_set(tmp_path):
-    """``Study.rate``, which the fairness and budget blocks key their profiles by: the value of
-    ``optim.lr=`` among the study's common overrides, as written; None when it sets none."""
+def test_a_studys_rate_is_the_one_its_task_or_common_overrides_set(tmp_path):
+    """``Study.rate_of``, which the fairness, budget and retrieval-rate blocks key their studies
+    by: the value of ``optim.lr=`` among the overrides of the task that makes the table, else
+    among the study's common overrides, as written; None when neither sets one. ``rate`` is the
+    causal LM's."""
     from pipelines.results import Study
 
-    (tmp_path / "params.yaml").write_text('common: "trainer.foo=1 optim.lr=3e-3 optim.lr_other=9"\n')
-    assert Study(tmp_path).rate == "3e-3"
+    tasks = ('tasks: {lm: {overrides: ""}, mlm: {overrides: "optim.lr=3e-3"}, '
+             'retrieval: {overrides: "data.eval_batch_size=640 optim.lr=1e-3"}}\n')
+    (tmp_path / "params.yaml").write_text('common: "trainer.foo=1 optim.lr=1e-2 optim.lr_other=9"\n' + tasks)
+    study = Study(tmp_path)
+    assert study.rate == study.rate_of("lm") == "1e-2"
+    assert study.rate_of("mlm") == "3e-3" and study.rate_of("retrieval") == "1e-3"
     (tmp_path / "other").mkdir()
-    (tmp_path / "other/params.yaml").write_text('common: "optim.warmup=10"\n')
+    (tmp_path / "other/params.yaml").write_text('common: "optim.warmup=10"\n' + tasks)
     assert Study(tmp_path / "other", "other").rate is None
 
 
