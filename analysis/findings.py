@@ -243,9 +243,13 @@ def fairness(default, profiles: Mapping[str, Sequence], default_rate: str, margi
 #: the budget criterion: a scheme has converged at S steps when doubling them improves its
 #: validation quality at L by less than this (perplexity down, masked-LM accuracy up; a fraction)
 CONVERGED = 0.02
+#: the budget criterion of record: S steps suffice when doubling them leaves the order of the
+#: study's primary quantity, the ratio ppl(kL) / ppl(L) at the longest length, with Kendall's τ of
+#: at least this between the orders at S and at 2S (the comparison has converged, if not the models)
+ORDER_TAU = 0.95
 
 
-def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict:
+def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED, order_tau: float = ORDER_TAU) -> dict:
     """The budget curve: studies trained alike but for their steps ({steps: Study}, one learning
     rate), each scheme's validation perplexity at L (causal LM, ``ppl_at_l``) and accuracy (masked
     LM, ``accuracy``) by steps, and for each budget S whose double 2S is there, the gain of
@@ -255,7 +259,9 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
     ``met`` / ``not_met`` the schemes at the largest budget whose double is there. ``tau``: for
     each doubling, Kendall's τ between the schemes' orders at S and at 2S (``analysis.scales.
     compare``; one seed a budget, so no interval) of the task's quantity, and at the top level
-    (``ratio_tau``) the same for the causal LM's ratio ppl(kL) / ppl(L) at the longest length.
+    (``ratio_tau``) the same for the causal LM's ratio ppl(kL) / ppl(L) at the longest length;
+    ``order``: the criterion of record on it, {"criterion": ``order_tau``, "tau": {S: τ}, "at": the
+    first S whose τ reaches it, or None}.
     {task: {"by_steps": {scheme: {steps: value}}, "gains": {scheme: {steps: gain}}, "tau": {S: ...},
     "converged": {scheme: S or None}, "at": S, "met": [...], "not_met": [...]}}, task "lm" / "mlm"."""
     steps = sorted(by_steps)
@@ -278,6 +284,9 @@ def budget(by_steps: Mapping[int, object], criterion: float = CONVERGED) -> dict
                      "not_met": [s for s, g in gains.items() if at in g and g[at] >= criterion]}
     ratio = {n: {s: _ratio_of(by_steps[n], s) for s in out["lm"]["by_steps"]} for n in steps}
     out["ratio_tau"] = {n: kendall_compare(_drop_empty(ratio[n]), _drop_empty(ratio[2 * n]), False) for n in doubled}
+    taus = {n: out["ratio_tau"][n]["tau"] for n in doubled}
+    out["order"] = {"criterion": order_tau, "tau": taus,
+                    "at": next((n for n in doubled if taus[n] is not None and taus[n] >= order_tau), None)}
     return out
 
 

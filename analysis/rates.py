@@ -4,7 +4,8 @@ steps), a line per scheme in its colour and marker (``analysis.style``), a panel
 each scheme's best rate filled, from ``analysis.findings.fairness``'s ``lm_best``
 ({scheme: {"rate", "by_rate": {rate: ppl}}}). ``plot_budget``: the same against the steps at one
 rate (``profiles/budget-steps<n>/`` beside the fairness profile at that rate), each scheme's
-converged budget filled, from ``analysis.findings.budget``.
+converged budget filled, from ``analysis.findings.budget``. ``plot_order``: the budget criterion
+of record, Kendall's τ between the orders at S and 2S steps against S, with its threshold.
 """
 
 from __future__ import annotations
@@ -40,6 +41,50 @@ def plot_budget(curve: Mapping, stem: str | Path, rate: str | None, default_step
                    f"Perplexity at L against the steps, learning rate {rate}, one seed a budget (filled: the first "
                    f"budget whose doubling improves it by less than {crit}; dotted: the default study's steps)",
                    "no budget profile has results (python -m pipelines.profile budget-steps<n>)")
+
+
+def plot_order(curve: Mapping, stem: str | Path, rate: str | None, top: int) -> list[Path]:
+    """Kendall's τ between the schemes' orders at S and at 2S steps, against S (log axis), from
+    ``analysis.findings.budget``: the ratio ppl(``top`` L) / ppl(L) (the criterion of record, its
+    threshold a dashed line and the budget it picks filled), perplexity at L and masked-LM
+    accuracy beside it."""
+    import matplotlib.pyplot as plt
+
+    from posenc.files import save_figure
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.2), layout="constrained")
+    order = (curve or {}).get("order") or {}
+    if not order.get("tau"):
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no budget doubles another (python -m pipelines.profile budget-steps<n>)",
+                ha="center", va="center")
+        return save_figure(fig, stem)
+    lines = ((f"ppl({top}L) / ppl(L): the criterion", curve["ratio_tau"], "C0", "o"),
+             ("causal LM: ppl at L", curve["lm"]["tau"], "C1", "s"),
+             ("masked LM: accuracy", curve["mlm"]["tau"], "C2", "^"))
+    xs = sorted(int(n) for n in order["tau"])
+    for label, taus, color, marker in lines:
+        pts = [(n, (taus.get(n) or taus.get(str(n)) or {}).get("tau")) for n in xs]
+        pts = [(n, t) for n, t in pts if t is not None]
+        ax.plot([n for n, _ in pts], [t for _, t in pts], marker=marker, color=color, markerfacecolor="white",
+                label=label, lw=1.4)
+    ax.axhline(order["criterion"], color="0.4", ls="--", lw=1)
+    if order.get("at") is not None:
+        at = int(order["at"])
+        tau = order["tau"].get(at, order["tau"].get(str(at)))
+        ax.plot([at], [tau], marker="o", color="C0", ls="none", ms=8)
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{n}→{2 * n}" for n in xs])
+    ax.minorticks_off()
+    ax.set_ylim(min(-0.05, ax.get_ylim()[0]), 1.05)
+    ax.set_xlabel("doubling the causal-LM steps (S → 2S)")
+    ax.set_ylabel("Kendall's τ, order at S vs 2S")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    picked = f"; filled: {order['at']} steps, the first that meets it" if order.get("at") is not None else ""
+    ax.set_title(f"Does doubling the steps reorder the schemes? Learning rate {rate}, one seed a budget\n"
+                 f"(dashed: the criterion τ ≥ {order['criterion']:g}{picked})", fontsize=9)
+    return save_figure(fig, stem, bbox_inches="tight")
 
 
 def _curves(curves: Mapping[str, Mapping], marked: Mapping[str, object], stem: str | Path, xlabel: str,

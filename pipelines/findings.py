@@ -109,10 +109,12 @@ def _criterion_steps(study: Study, seeds: list[str] | None = None) -> dict[str, 
 
 def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> dict | None:
     """The retrieval-rate block: the steps to the criterion of one seed of every scheme at the
-    default study's rate and at each profile's (``profiles/retrieval-lr<rate>/``), and the spread
-    over the seeds of ``retrieval`` (when at the default rate) (``analysis.findings.
-    retrieval_rate``); None without such a profile. Refuses a profile whose retrieval differs from
-    the default study's in more than its seed and evaluation, or that runs another seed count."""
+    rate of ``study`` (the report's retrieval study: the ten-seed profile, whose seed 0 the rate
+    profiles share, at the default study's rate) and at each profile's
+    (``profiles/retrieval-lr<rate>/``), and the spread over the seeds of ``retrieval`` (when it has
+    more than one at that rate) (``analysis.findings.retrieval_rate``); None without such a
+    profile. Refuses a profile whose retrieval differs from ``study``'s in more than its seed and
+    evaluation, or that runs another seed count."""
     if not profiles:
         return None
     mine = study.spec("retrieval")
@@ -129,7 +131,8 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
     rate = study.rate_of("retrieval")
     steps = {prof.rate_of("retrieval"): {s: v[0] for s, v in _criterion_steps(prof).items()} for prof in profiles}
     steps[rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
-    spread = _criterion_steps(retrieval) if retrieval is not study and retrieval.rate_of("retrieval") == rate else None
+    spread = (_criterion_steps(retrieval) if len(retrieval.seeds("retrieval")) > 1
+              and retrieval.rate_of("retrieval") == rate else None)
     out = findings.retrieval_rate(steps, mine["steps"], spread, rate)
     return {**out, "seed": int(seed), "default_rate": rate, "profiles": {p.rate_of("retrieval"): p.name for p in profiles},
             "spread_from": retrieval.name if spread else None}
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                                            P["lm_table"]["margin"], P["retrieval_table"]["margin"]),
            "fairness": fairness,
            "budget": (budget := _budget(fair, budgets)),
-           "retrieval_rate": _retrieval_rate(study, retrieval, retrieval_rates),
+           "retrieval_rate": _retrieval_rate(retrieval, retrieval, retrieval_rates),
            "power": findings.power(families), "seeds": _seeds(study, retrieval),
            "model": _model(P["model"]),
            "ratio_and_absolute": findings.ratio_and_absolute(study.lm, top),
@@ -292,12 +295,13 @@ def main(argv: list[str] | None = None) -> int:
                e["bias"][e["reached"][-3]:e["reached"][-1] + 1])} for s, e in (study.buckets if study.has("buckets") else {}).items()
                if e.get("unreached") and len(e.get("reached", [])) >= 3}}
     write_json(a.out, out)
-    from analysis.rates import plot_budget, plot_rates
+    from analysis.rates import plot_budget, plot_order, plot_rates
 
     plot_rates(fairness["lm_best"] if fairness else {}, a.figure, fairness["steps"]["lm"] if fairness else 0,
                fairness["rate"] if fairness else None)
     plot_budget(budget or {}, a.budget_figure, budget["rate"] if budget else None, study.spec("lm")["steps"])
-    print(f"wrote {a.out}, {a.figure}.png and {a.budget_figure}.png")
+    plot_order(budget or {}, f"{a.budget_figure}_order", budget["rate"] if budget else None, top)
+    print(f"wrote {a.out}, {a.figure}.png, {a.budget_figure}.png and {a.budget_figure}_order.png")
     return 0
 
 

@@ -202,9 +202,11 @@ default `dvc repro` never runs a profile: `python -m pipelines.profile <name>` r
                   "retrieval_table"],
           outs=[Out("results/findings.json", publish=True, name="findings"),
                 Out("figures/fairness.png", publish=True, report=True), Out("figures/fairness.svg", publish=True),
-                Out("figures/budget.png", publish=True, report=True), Out("figures/budget.svg", publish=True)],
+                Out("figures/budget.png", publish=True, report=True), Out("figures/budget.svg", publish=True),
+                Out("figures/budget_order.png", publish=True, report=True),
+                Out("figures/budget_order.svg", publish=True)],
           about="primary hypotheses, controls, fairness, the budget, seeds and power (analysis/findings.py), the "
-                "fairness and budget figures"),
+                "fairness and budget figures (the budget: perplexity, and its order criterion)"),
     Stage("scales",
           "python -m pipelines.scales --profiles scale wikitext-bytes --kendall scale --retrieval retrieval-seeds "
           "--out results/scales.json",

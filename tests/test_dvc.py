@@ -280,7 +280,8 @@ SUMMARY_OUTPUTS = {"dvc.lock", "params.yaml", "figures/correlations/overview.png
                    "results/retrieval_table.json", "results/tasks_table.json", "figures/tasks_table.md", "docs/results.md",
                    "README.md", "results/lm_pairs.json", "results/reach_summary.json", "results/papers.json",
                    "results/findings.json", "results/scales.json", "figures/fairness.png", "figures/fairness.svg", "figures/budget.png",
-                   "figures/budget.svg", "results/chronology.json"} | {
+                   "figures/budget.svg", "figures/budget_order.png", "figures/budget_order.svg",
+                   "results/chronology.json"} | {
                       f"results/times/{s}.json" for s in RAN_STAGES - {"report"}}
 
 

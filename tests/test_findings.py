@@ -222,6 +222,24 @@ def test_the_budget_curve_finds_where_doubling_the_steps_stops_paying():
         kendalltau([10.0, 11.0, 12.0], [9.5, 9.0, 10.0]).statistic)
 
 
+def test_the_budget_of_record_is_the_first_whose_doubling_keeps_the_ratios_order():
+    """``budget``'s ``order``: the ratio ppl(kL) / ppl(L) of three schemes at three budgets. From
+    1000 to 2000 steps b and c swap (τ = (2 - 1) / 3 = 1/3, by hand: pairs ab, ac agree, bc does
+    not); from 2000 to 4000 the order holds (τ = 1): the budget of record is 2000. With a
+    criterion of 0.2 the first budget already meets it."""
+    def at(ratios: dict):
+        return SimpleNamespace(lm=_lm({s: [r] for s, r in ratios.items()}),
+                               mlm={"summary": {"a": {"acc": [0.5], "acc_mean": 0.5}}})
+
+    by_steps = {1000: at({"a": 1.0, "b": 1.2, "c": 1.1}), 2000: at({"a": 1.0, "b": 1.1, "c": 1.2}),
+                4000: at({"a": 1.02, "b": 1.12, "c": 1.25})}
+    out = findings.budget(by_steps)["order"]
+    assert out["criterion"] == findings.ORDER_TAU == 0.95
+    assert out["tau"] == {1000: pytest.approx(1 / 3), 2000: pytest.approx(1.0)} and out["at"] == 2000
+    assert findings.budget(by_steps, order_tau=0.2)["order"]["at"] == 1000
+    assert findings.budget({1000: at({"a": 1.0})})["order"] == {"criterion": 0.95, "tau": {}, "at": None}
+
+
 def test_the_budget_curve_refuses_studies_that_differ_in_more_than_their_steps():
     """``pipelines.findings._budget``: the fairness profile at the budget profiles' rate joins the
     curve; budget profiles at two rates, or one whose runs differ in more than their steps (here
@@ -304,6 +322,7 @@ def test_the_retrieval_rate_check_reads_one_seed_of_the_default_and_refuses_othe
         runs = {s: {"runs": [run(seed, v[i]) for i, seed in enumerate(seeds.split())] + [{"task": "lm", "seed": 0}]}
                 for s, v in steps.items()}
         st = SimpleNamespace(name=name, rate=rate, runs=runs)
+        st.rate_of = lambda table: rate
         st.task = lambda table: "retrieval"
         st.spec = lambda table: dict(spec, seeds=seeds)
         st.seeds = lambda table: seeds.split()
