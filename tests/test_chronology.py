@@ -157,3 +157,29 @@ def test_a_study_is_confirmatory_only_with_a_plan_committed_before_every_run_and
     late = chronology.plan(tmp_path)
     assert not late["confirmatory"] and late["commit"]["sha"] == changed
     assert all(p.startswith(("study@a", "study@b")) and changed[:10] in p for p in late["problems"])
+
+
+def test_the_study_of_record_ran_after_its_plan(made):
+    """The default study is confirmatory, checked against git (``chronology.plan``): plan.yaml is
+    committed and unchanged since, params.yaml holds every value it fixes, and the HEAD recorded
+    by every study stage's runs is the plan's last commit or a descendant of it. The plan fixes
+    fresh seeds: none of them was used by a run of an earlier commit's study (the seeds of every
+    earlier params.yaml's tasks, from git)."""
+    plan = made["plan"]
+    assert plan["confirmatory"], plan["problems"]
+    assert plan["runs"] == len(yaml.safe_load((REPO / "params.yaml").read_text())["schemes"])
+    fixes = yaml.safe_load((REPO / chronology.PLAN).read_text())["fixes"]
+    planned = set().union(*(str(fixes[f"tasks.{t}.seeds"]).split() for t in ("lm", "mlm", "retrieval")))
+    assert planned and all(int(s) >= 100 for s in planned)
+
+    def seeds(node) -> set[str]:  # every `seeds:` value of a params file, in any of its past layouts
+        if isinstance(node, dict):
+            return set().union(set(str(node["seeds"]).split()) if "seeds" in node else set(),
+                               *(seeds(v) for k, v in node.items() if k != "seeds"))
+        return set()
+
+    earlier = git("log", "--format=%H", f"{plan['commit']['sha']}^", "--", "params.yaml").split()
+    assert earlier  # the exploratory study's history is there to check
+    for sha in earlier:
+        used = seeds(yaml.safe_load(git("show", f"{sha}:params.yaml")) or {})
+        assert not used & planned, (sha[:10], used & planned)
