@@ -52,7 +52,7 @@ def _t5(study: Study, retrieval: Study, longer: Study | None) -> dict:
            "tests": findings.t5_control(study.lm, retrieval.retrieval, study.top, margins, plain, variant)}
     ratios = {s: ((longer.lm.get(s) or {}).get("ratio_longest") or {}).get("mean") for s in (plain, variant)} \
         if longer else {}
-    if ratios and all(ratios.values()):
+    if ratios and all(ratios.values()) and longer.spec("lm")["steps"] > study.spec("lm")["steps"]:
         out["longer"] = {"profile": longer.name, "factor": longer.spec("lm")["steps"] / study.spec("lm")["steps"],
                          **ratios, "costs_more": ratios[variant] < ratios[plain] / (1 + margins["lm"])}
     return out
