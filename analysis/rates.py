@@ -17,14 +17,18 @@ from pathlib import Path
 from .style import by_family, styles
 
 
-def plot_rates(best: Mapping[str, Mapping], stem: str | Path, steps: int, default_rate: str | None = None) -> list[Path]:
+def plot_rates(best: Mapping[str, Mapping], stem: str | Path, steps: int, default_rate: str | None = None,
+               seeds: Mapping[str, int] | None = None) -> list[Path]:
     """Perplexity at L against the learning rate (log axis), a panel per family; ``steps`` the
     profiles' causal-LM steps (the title says them), ``default_rate`` the default study's rate
-    (a dotted line)."""
+    (a dotted line), ``seeds`` {rate: the seeds averaged there} (the title says which have more than one)."""
     note = f"; dotted: the default study's rate {default_rate}" if default_rate is not None else ""
+    more = sorted((r for r, n in (seeds or {}).items() if n > 1), key=float)
+    told = (f"the mean of {max(seeds[r] for r in more)} seeds at {', '.join(more)}, one seed elsewhere" if more
+            else "one seed a rate")
     return _curves({s: b["by_rate"] for s, b in best.items()}, {s: b["rate"] for s, b in best.items()}, stem,
                    "learning rate", None if default_rate is None else float(default_rate),
-                   f"Perplexity at L against the learning rate, {steps} causal-LM steps, one seed a rate "
+                   f"Perplexity at L against the learning rate, {steps} causal-LM steps, {told} "
                    f"(filled: each scheme's best rate{note})",
                    "no fairness profile has results (python -m pipelines.profile fairness-lr<rate>)")
 

@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.rates import plot_budget, plot_order, plot_rates
 
     plot_rates(fairness["lm_best"] if fairness else {}, a.figure, fairness["steps"]["lm"] if fairness else 0,
-               fairness["rate"] if fairness else None)
+               fairness["rate"] if fairness else None, fairness["seeds_per_rate"] if fairness else None)
     plot_budget(budget or {}, a.budget_figure, budget["rate"] if budget else None, study.spec("lm")["steps"])
     plot_order(budget or {}, f"{a.budget_figure}_order", budget["rate"] if budget else None, top)
     print(f"wrote {a.out}, {a.figure}.png, {a.budget_figure}.png and {a.budget_figure}_order.png")
