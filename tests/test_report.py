@@ -356,7 +356,7 @@ def test_no_template_calls_a_function_that_computes_a_statistic():
     exposed = {k: v for k, v in {**report.HELPERS, **report.FILTERS}.items() if callable(v)}
     for name, fn in exposed.items():
         assert inspect.getmodule(fn) is words, name
-    reading = {"spec", "seeds", "table", "link", "has", "get", "items", "keys", "values", "update", "split",
+    reading = {"spec", "seeds", "rate_of", "table", "link", "has", "get", "items", "keys", "values", "update", "split",
                "startswith", "append", "join", "endswith"}
     builtin_filters = {"length", "join", "map", "list", "select", "selectattr", "rejectattr", "sum", "unique",
                        "sort", "dictsort", "int", "string", "first", "capitalize", "truncate", "default", "upper", "max"}
