@@ -66,17 +66,15 @@ def plot_order(curve: Mapping, stem: str | Path, rate: str | None, top: int) -> 
     lines = ((f"ppl({top}L) / ppl(L): the criterion", curve["ratio_tau"], "C0", "o"),
              ("causal LM: ppl at L", curve["lm"]["tau"], "C1", "s"),
              ("masked LM: accuracy", curve["mlm"]["tau"], "C2", "^"))
-    xs = sorted(int(n) for n in order["tau"])
+    xs = sorted(order["tau"])
     for label, taus, color, marker in lines:
-        pts = [(n, (taus.get(n) or taus.get(str(n)) or {}).get("tau")) for n in xs]
+        pts = [(n, (taus.get(n) or {}).get("tau")) for n in xs]
         pts = [(n, t) for n, t in pts if t is not None]
         ax.plot([n for n, _ in pts], [t for _, t in pts], marker=marker, color=color, markerfacecolor="white",
                 label=label, lw=1.4)
     ax.axhline(order["criterion"], color="0.4", ls="--", lw=1)
     if order.get("at") is not None:
-        at = int(order["at"])
-        tau = order["tau"].get(at, order["tau"].get(str(at)))
-        ax.plot([at], [tau], marker="o", color="C0", ls="none", ms=8)
+        ax.plot([order["at"]], [order["tau"][order["at"]]], marker="o", color="C0", ls="none", ms=8)
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{n}→{2 * n}" for n in xs])
     ax.minorticks_off()

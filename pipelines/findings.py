@@ -62,6 +62,13 @@ def _t5(study: Study, retrieval: Study, longer: Study | None) -> dict:
 BUDGET_KEYS = ("steps", "validate_every")
 
 
+def _other_keys(a: Study, b: Study, table: str, allowed) -> list[str]:
+    """The keys of ``a``'s runs of ``table`` (``Study.spec``), other than ``allowed``, whose value
+    differs from ``b``'s: what a profile changes beyond what its comparison allows."""
+    mine, theirs = a.spec(table), b.spec(table)
+    return [k for k in mine if k not in allowed and mine[k] != theirs.get(k)]
+
+
 def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
     """The budget block: the budget profiles (``profiles/budget-steps<n>/``, one rate) beside the
     fairness profile at their rate, by causal-LM steps (``analysis.findings.budget``); None without
@@ -77,8 +84,7 @@ def _budget(fair: dict[str, Study], budgets: list[Study]) -> dict | None:
     curve = ([fair[rate]] if rate in fair else []) + budgets
     for b in curve[1:]:
         for table in ("lm", "mlm"):
-            mine, theirs = b.spec(table), curve[0].spec(table)
-            other = [k for k in mine if k not in BUDGET_KEYS and mine[k] != theirs.get(k)]
+            other = _other_keys(b, curve[0], table, BUDGET_KEYS)
             if other:
                 raise SystemExit(f"{b.name}: the runs of its {table} table differ from {curve[0].name}'s in {other}, "
                                  f"not in their steps alone: the budget curve compares budgets only")
@@ -117,11 +123,9 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
     evaluation, or that runs another seed count."""
     if not profiles:
         return None
-    mine = study.spec("retrieval")
     seed = None
     for prof in profiles:
-        theirs = prof.spec("retrieval")
-        other = [k for k in mine if k not in RATE_KEYS and mine[k] != theirs.get(k)]
+        other = _other_keys(study, prof, "retrieval", RATE_KEYS)
         if other or len(prof.seeds("retrieval")) != 1 or prof.seeds("retrieval")[0] not in study.seeds("retrieval"):
             raise SystemExit(f"{prof.name}: its retrieval differs from the default study's in {other or 'its seeds'}: "
                              f"a rate check compares one seed the default study has, trained alike but for the rate")
@@ -133,7 +137,7 @@ def _retrieval_rate(study: Study, retrieval: Study, profiles: list[Study]) -> di
     steps[rate] = {s: v[0] for s, v in _criterion_steps(study, [seed]).items()}
     spread = (_criterion_steps(retrieval) if len(retrieval.seeds("retrieval")) > 1
               and retrieval.rate_of("retrieval") == rate else None)
-    out = findings.retrieval_rate(steps, mine["steps"], spread, rate)
+    out = findings.retrieval_rate(steps, study.spec("retrieval")["steps"], spread, rate)
     return {**out, "seed": int(seed), "default_rate": rate, "profiles": {p.rate_of("retrieval"): p.name for p in profiles},
             "spread_from": retrieval.name if spread else None}
 
@@ -147,8 +151,7 @@ def _rate_groups(profiles: list[Study]) -> dict[str, list[Study]]:
     for rate, group in groups.items():
         for prof in group[1:]:
             for table in ("lm", "mlm"):
-                mine, theirs = prof.spec(table), group[0].spec(table)
-                other = [k for k in mine if k != "seeds" and mine[k] != theirs.get(k)]
+                other = _other_keys(prof, group[0], table, ("seeds",))
                 if other or set(prof.seeds(table)) & set(group[0].seeds(table)):
                     raise SystemExit(f"{prof.name}: its {table} runs differ from {group[0].name}'s in "
                                      f"{other or 'nothing but shared seeds'}: the profiles at one rate add seeds")
@@ -186,8 +189,8 @@ def _fairness(study: Study, groups: dict[str, list[Study]]) -> dict | None:
     mlm_s = study.timing["total"]["task_s"].get(study.task("mlm"), 0)
     workers = next(iter(study.timing["stages"].values()))["workers"]
     extra = (factor - 1) * (lm_s + mlm_s) / workers
-    return {**out, "rate": rate, "rates": grid, "seeds_per_rate": {r: len(groups[r]) for r in grid}, "factor": factor, "steps": {"lm": one.spec("lm")["steps"],
-                                                                            "mlm": one.spec("mlm")["steps"]},
+    return {**out, "rate": rate, "rates": grid, "seeds_per_rate": {r: len(groups[r]) for r in grid}, "factor": factor,
+            "steps": {"lm": one.spec("lm")["steps"], "mlm": one.spec("mlm")["steps"]},
             "best_counts": {task: {r: [b["rate"] for b in best.values()].count(r) for r in grid}
                             for task, best in (("lm", out["lm_best"]), ("mlm", out["mlm_best"]))},
             "edges": edges, "fit": fit, "fit_lower": sum(f["longer"] < f["default"] for f in fit.values()), "wider": [s for s, g in up.items() if g["longer"] > g["default"] * 1.1],
