@@ -14,6 +14,16 @@ as well as one layer.
 A scheme class without a reference (a new one, found through its YAML) is still
 tested, against its own ``rotate`` and ``bias``: that tests how attention uses
 them, and its docstring names the test that checks the bias itself.
+
+The last section holds the parts of the ``flex`` route that run without compiling
+anything (tests/test_flex.py has the kernel): the gates of ``auto`` on stated values and on
+this process's facts, every position-only scheme's table, factors and score function
+evaluated eagerly on index grids (what FlexAttention's ``score_mod`` sees) against the
+scheme's own bias, values and gradients, and the fixed bidirectional encoding's content
+factors against its shift-built bias. They are here, not in tests/test_flex.py, because they
+need neither dynamo nor a block mask, so the mutation run (``python -m tests.mutation``) can
+judge with them: dynamo cannot trace the wrapper mutmut puts around every function, and
+``create_block_mask`` reads a mask function's signature, which the wrapper hides.
 """
 
 from __future__ import annotations
@@ -24,10 +34,13 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+import torch.utils._triton as torch_triton
+
 import posenc.attention.layer as layer_module
 import posenc.model as model_module
 from posenc.attention import blocks
-from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention
+from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention, bias_score_mod, flex_parts
+from posenc.attention.flex_gates import device_gate, gate
 from posenc.encodings import ALiBi, PositionalScheme
 from posenc.model import ModelConfig, Transformer
 
@@ -524,3 +537,138 @@ def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_
     y, ref = attn(h, pos), dense_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
     assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
+
+# ------------------------------------------------ the flex route's parts, compiling nothing
+#: the schemes whose whole bias is position-only and goes to the route as parts (TUPE with
+#: [CLS] untied has no such form; a value term keeps a scheme off the route)
+POSITION_ONLY = [c for c in CASES if not c.values[2].get("untie_cls")
+                 and (lambda s: s.position_only_bias and not s.uses_value_term)(scheme_of(*c.values, max_len=8))]
+#: and FIRE with one hidden unit: a single break point, no loop over the others in its score
+POSITION_ONLY.append(pytest.param("fire", True, {"mlp_width": 1, "init_threshold": 4.0}, id="fire-causal-one_unit"))
+
+
+def bias_on_grids(sch, parts, T: int) -> torch.Tensor:
+    """(1, H, T, T): what the flex route adds to the scaled logit of query i and key j, evaluated
+    as FlexAttention's ``score_mod`` sees it (broadcast index tensors of batch, head, query and
+    key), plus the appended factors' product at the logit scale (``flex_attend`` appends them
+    to q and k)."""
+    H = sch.n_heads
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    h = torch.arange(H)[None, :, None, None]
+    i, j = torch.arange(T)[None, None, :, None], torch.arange(T)[None, None, None, :]
+    grid = torch.zeros(1, H, T, T)
+    mod = bias_score_mod(parts)
+    if mod is not None:
+        grid = mod(grid, b, h, i, j)
+    if parts.factors is not None:
+        a, c = parts.factors
+        grid = grid + sch.logit_scale() * (a @ c.transpose(-1, -2))
+    return grid
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+@pytest.mark.parametrize("name,causal,extra", POSITION_ONLY)
+def test_each_schemes_flex_parts_give_its_bias_and_gradients_on_index_grids(name, causal, extra, offset):
+    """Every position-only scheme's ``flex_parts`` (its relative table read at
+    ``j - i + T - 1``, its absolute factors, FIRE's piecewise-linear score function), evaluated
+    eagerly on index grids, equal the scheme's own ``bias`` (the float-mask routes'; each
+    scheme's ``bias`` is checked against its paper's formula in tests/test_references.py), on
+    every pair the route attends to (causal: key at or before the query), at positions from 0
+    and from 5 (FIRE's normalisers read absolute positions; with its threshold at 4, rows on both
+    sides of it), and so do the gradients of every parameter for one random upstream gradient."""
+    torch.manual_seed(0)
+    T = 20
+    sch = scheme_of(name, causal, extra, max_len=T + offset + 8)
+    pos = torch.arange(T) + offset
+    parts = flex_parts(sch, pos)
+    assert parts is not None and (parts.table is not None or parts.factors is not None or parts.score is not None)
+    got, want = bias_on_grids(sch, parts, T), sch.bias(None, None, pos, pos).expand(1, -1, -1, -1)
+    seen = (pos[None, :] <= pos[:, None]) if causal else torch.ones(T, T, dtype=torch.bool)
+    torch.testing.assert_close(got[..., seen], want[..., seen], atol=1e-5, rtol=1e-5)
+    named = {n: p for n, p in sch.named_parameters() if p.requires_grad}
+    if not named:
+        return
+    up = torch.randn(1, sch.n_heads, T, T) * seen
+    have = torch.autograd.grad(got, list(named.values()), up, allow_unused=True, retain_graph=True)
+    ref = torch.autograd.grad(want, list(named.values()), up, allow_unused=True)
+    for n, a, r in zip(named, have, ref):
+        assert (a is None) == (r is None), n
+        if r is not None:
+            torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("head_dim", [8, 7])
+def test_content_factors_give_the_content_bias(causal, head_dim):
+    """The fixed bidirectional encoding's angle-addition factors against its shift-built
+    ``content_bias``, at contiguous and at gapped positions, for an even and an odd head
+    dimension (no last cosine slot), in float64 (``sinusoid`` returns its table in float32, the
+    default dtype: agreement to float32's rounding of the table is what can be asked)."""
+    torch.manual_seed(0)
+    sch = factory("fixed_bidirectional")(d_model=head_dim * 2, n_heads=2, max_len=512, causal=causal)
+    assert sch.factors_content()
+    q, k = torch.randn(2, 2, 20, head_dim, dtype=torch.float64), torch.randn(2, 2, 20, head_dim, dtype=torch.float64)
+    for pos in (torch.arange(20) + 100, torch.cumsum(torch.randint(1, 9, (20,)), 0)):
+        a, b = sch.content_factors(q, k, pos, pos)
+        got = sch.logit_scale() * a @ b.transpose(-1, -2)
+        want = sch.content_bias(q, k, pos, pos)
+        if causal:  # content_bias leaves the pairs the causal mask removes at 0
+            got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
+        torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
+
+
+
+_SLOW_GPU = "(FlexAttention runs ~10x slower than SDPA on a V100 and not at all on an RTX 2080 Ti)"
+
+
+@pytest.mark.parametrize("version,capability,qk,v,triton,dynamo,says", [
+    ("2.13.0+cu130", (9, 0), 128, 64, True, True, None),
+    ("2.8.0", (8, 0), 48, 16, True, True, None),
+    ("2.5.1+cu124", (9, 0), 64, 64, True, True,
+     "torch 2.5.1+cu124 is older than 2.6, whose compiled FlexAttention gives score_mod's tensors their gradient"),
+    ("2.6.0", (9, 0), 64, 64, True, True, None),
+    ("2.6.0+cu124", (9, 0), 64, 64, True, True, None),
+    ("2.6.0+cu124", (9, 0), 96, 64, True, True,
+     "a q/k head dim of 96 is not a power of two, which torch 2.6.0+cu124 needs (2.8 does not)"),
+    ("2.7.1", (8, 6), 64, 48, True, True,
+     "a v head dim of 48 is not a power of two, which torch 2.7.1 needs (2.8 does not)"),
+    ("2.10.0", (8, 9), 8, 64, True, True, "a q/k head dim of 8 is below 16, Triton's least"),
+    ("2.10.0", (8, 9), 64, 8, True, True, "a v head dim of 8 is below 16, Triton's least"),
+    ("2.13.0", (7, 0), 64, 64, True, True, "compute capability 7.0 is below 8.0 " + _SLOW_GPU),
+    ("2.13.0", (7, 5), 64, 64, True, True, "compute capability 7.5 is below 8.0 " + _SLOW_GPU),
+    ("2.13.0+cpu", None, 64, 64, False, True,
+     "not a CUDA device: FlexAttention has no backward for q, k, v on the CPU, and an unfused forward"),
+    ("2.13.0", (9, 0), 64, 64, False, True, "Triton is not available: the compiled FlexAttention is a Triton kernel"),
+    ("2.13.0", (9, 0), 64, 64, True, False, "torch.compile (dynamo) does not support this Python"),
+])  # fmt: skip
+def test_the_gates_of_auto_on_stated_values(version, capability, qk, v, triton, dynamo, says):
+    """``gate`` from a torch version string (2.6 itself let through), a compute capability
+    (8.0 itself let through), the q/k and v head dims (powers of two before 2.8, at least 16),
+    Triton and dynamo: None, or the reason, word for word (the route's warning shows it)."""
+    assert gate(version, capability, qk, v, triton, dynamo) == says
+
+
+@pytest.mark.parametrize("capability,qk,v,triton,dynamo,says", [
+    (None, 64, 64, True, True, "not a CUDA device"),
+    ((9, 0), 64, 64, True, True, None),
+    ((7, 5), 64, 64, True, True, "compute capability 7.5"),
+    ((9, 0), 64, 64, False, True, "Triton is not available"),
+    ((9, 0), 64, 64, True, False, "dynamo"),
+    ((9, 0), 8, 64, True, True, "q/k head dim of 8"),
+    ((9, 0), 64, 8, True, True, "v head dim of 8"),
+])  # fmt: skip
+def test_the_device_gate_hands_the_gate_this_process_and_the_devices_facts(capability, qk, v, triton, dynamo, says,
+                                                                              monkeypatch):
+    """``device_gate`` on a CUDA device whose capability, Triton and dynamo are set here (a
+    ``cuda`` device object needs no GPU until it is used), and on the CPU (no capability read):
+    each fact reaches ``gate`` in its place, with this torch's version."""
+    monkeypatch.setattr(torch_triton, "has_triton", lambda: triton)
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: dynamo)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability)
+    device = torch.device("cpu" if capability is None else "cuda")
+    reason = device_gate(device, qk, v)
+    assert asked == ([] if capability is None else [device])
+    assert reason == gate(str(torch.__version__), capability, qk, v, triton, dynamo)
+    assert (reason is None) == (says is None), reason
+    if says is not None:
+        assert says in reason

@@ -15,11 +15,14 @@ in parts that together cover it:
   joint graph run on the real graph;
 * the backward to q and k (the appended factors): ``dense_flex`` in place of the kernel
   (a stand-in, said where it is used);
-* the route's decisions: the setting ``attention.route``, the gates on stated values, the
-  probe with planted failing kernels and with the real one, the recompilation limit lowered
-  until it is hit, the causal block mask against ``create_block_mask``.
+* the route's decisions: the setting ``attention.route``, the probe with planted failing
+  kernels and with the real one, the recompilation limit lowered until it is hit, the causal
+  block mask against ``create_block_mask``.
 
-The GPU check (``python -m posenc.gpu_check``) runs the compiled kernel on CUDA.
+The parts that run without compiling (the gates, each scheme's table, factors and score
+function on index grids, the fixed encoding's content factors) are in tests/test_attention.py,
+where the mutation run can judge with them. The GPU check (``python -m posenc.gpu_check``) runs
+the compiled kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import posenc.attention.flex_kernel as flex_kernel
 import posenc.compiling as compiling
 from posenc.attention import (FLEX, FLEX_ROUTE, MASKED, RECOMPUTED, Attention, FlexFallback, FlexParts, bias_score_mod,
                               causal_block_mask, flex_attend, flex_parts, plan_attention)
-from posenc.attention.flex_gates import gate
 from posenc.attention.flex_kernel import causal_mask_mod
 
 from .flexkit import (closure_tensors, dense_flex, fresh_flex_route, joint_graph_checking_backend,  # noqa: F401
@@ -175,26 +177,6 @@ def test_the_route_is_taken_only_where_the_setting_and_the_call_allow_it(monkeyp
     monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
     with torch.no_grad():
         assert attn("t5_bias").route(x, pos) == MASKED and attn("fire").route(x, pos) == MASKED
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("head_dim", [8, 7])
-def test_content_factors_give_the_content_bias(causal, head_dim):
-    """The fixed bidirectional encoding's angle-addition factors against its shift-built
-    ``content_bias``, at contiguous and at gapped positions, for an even and an odd head
-    dimension (no last cosine slot), in float64 (``sinusoid`` returns its table in float32, the
-    default dtype: agreement to float32's rounding of the table is what can be asked)."""
-    torch.manual_seed(0)
-    sch = factory("fixed_bidirectional")(d_model=head_dim * 2, n_heads=2, max_len=512, causal=causal)
-    assert sch.factors_content()
-    q, k = torch.randn(2, 2, 20, head_dim, dtype=torch.float64), torch.randn(2, 2, 20, head_dim, dtype=torch.float64)
-    for pos in (torch.arange(20) + 100, torch.cumsum(torch.randint(1, 9, (20,)), 0)):
-        a, b = sch.content_factors(q, k, pos, pos)
-        got = sch.logit_scale() * a @ b.transpose(-1, -2)
-        want = sch.content_bias(q, k, pos, pos)
-        if causal:  # content_bias leaves the pairs the causal mask removes at 0
-            got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
-        torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
 
 
 def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel, shapes=((2, 40),), d_model=D):
@@ -388,30 +370,6 @@ def test_inductor_refuses_fires_old_score_and_accepts_the_new(monkeypatch, fresh
 
 
 # ------------------------------------------------------------------ gates, probe, limits
-
-
-@pytest.mark.parametrize("version,capability,qk,v,triton,dynamo,says", [
-    ("2.13.0+cu130", (9, 0), 128, 64, True, True, None),
-    ("2.8.0", (8, 0), 48, 16, True, True, None),
-    ("2.5.1+cu124", (9, 0), 64, 64, True, True, "older than 2.6"),
-    ("2.6.0+cu124", (9, 0), 64, 64, True, True, None),
-    ("2.6.0+cu124", (9, 0), 96, 64, True, True, "q/k head dim of 96 is not a power of two"),
-    ("2.7.1", (8, 6), 64, 48, True, True, "v head dim of 48 is not a power of two"),
-    ("2.10.0", (8, 9), 8, 64, True, True, "q/k head dim of 8 is below 16"),
-    ("2.10.0", (8, 9), 64, 8, True, True, "v head dim of 8 is below 16"),
-    ("2.13.0", (7, 0), 64, 64, True, True, "compute capability 7.0 is below 8.0"),
-    ("2.13.0", (7, 5), 64, 64, True, True, "compute capability 7.5"),
-    ("2.13.0+cpu", None, 64, 64, False, True, "not a CUDA device"),
-    ("2.13.0", (9, 0), 64, 64, False, True, "Triton is not available"),
-    ("2.13.0", (9, 0), 64, 64, True, False, "dynamo"),
-])  # fmt: skip
-def test_the_gates_of_auto_on_stated_values(version, capability, qk, v, triton, dynamo, says):
-    """``gate`` from a torch version string, a compute capability, the q/k and v head dims
-    (powers of two before 2.8, at least 16), Triton and dynamo: None, or the reason."""
-    reason = gate(version, capability, qk, v, triton, dynamo)
-    assert (reason is None) == (says is None), reason
-    if says is not None:
-        assert says in reason
 
 
 def _planted(kind):
