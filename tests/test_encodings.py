@@ -372,11 +372,34 @@ def test_shaw_sums_per_clipped_distance_are_a_scatter_of_every_pair(k, Tq, Tk, q
     probs = torch.rand(2, H, Tq, Tk, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     if later_zero:
         probs = probs * (k_pos[None, :] <= q_pos[:, None])
-    ref = torch.zeros(2, H, Tq, 2 * k + 1, dtype=torch.float64)
-    for i in range(Tq):
-        for j in range(Tk):
+    want = _per_distance_by_pairs(sch, probs, q_pos, k_pos)
+    torch.testing.assert_close(sch.per_distance(probs, q_pos, k_pos, later_zero), want, rtol=1e-12, atol=1e-12)
+
+
+def _per_distance_by_pairs(sch, probs, q_pos, k_pos):
+    """probs[..., i, j] added at clip(k_pos[j] - q_pos[i], -k, k), a pair at a time."""
+    k = sch.max_relative_position
+    ref = torch.zeros(*probs.shape[:-1], 2 * k + 1, dtype=probs.dtype)
+    for i in range(len(q_pos)):
+        for j in range(len(k_pos)):
             ref[..., i, int((k_pos[j] - q_pos[i]).clamp(-k, k)) + k] += probs[..., i, j]
-    torch.testing.assert_close(sch.per_distance(probs, q_pos, k_pos, later_zero), ref, rtol=1e-12, atol=1e-12)
+    return ref
+
+
+@pytest.mark.parametrize("gapped", ["queries", "keys", "both"])
+def test_shaw_sums_per_clipped_distance_where_positions_are_not_consecutive(gapped):
+    """The scatter ``Shaw.per_distance`` takes where the queries, the keys or both skip
+    positions (every second one), against the loop over every pair: one side consecutive is
+    not enough for the gather."""
+    sch = build("shaw", True, max_relative_position=2)
+    q_pos, k_pos = torch.arange(6), torch.arange(6)
+    if gapped in ("queries", "both"):
+        q_pos = q_pos * 2
+    if gapped in ("keys", "both"):
+        k_pos = k_pos * 2
+    probs = torch.rand(2, H, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(sch.per_distance(probs, q_pos, k_pos), _per_distance_by_pairs(sch, probs, q_pos, k_pos),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -749,6 +772,8 @@ def test_printed_settings():
     assert build("xpos").extra_repr() == base + ", gamma=0.4, scale_base=512.0"
     assert build("rope").extra_repr() == base
     assert build("rope", scaling="yarn", original_len=16).extra_repr() == base + ", scaling=yarn, original_len=16"
+    assert build("rope", scaling="pi", original_len=16, factor=4.0).extra_repr() == (
+        base + ", scaling=pi, original_len=16, factor=4.0")
     assert build("rope", causal=False).extra_repr() == "d_model=32, n_heads=4, causal=False"
 
 

@@ -182,6 +182,9 @@ def test_passages_are_disjoint_slots_of_the_split_drawn_by_the_seed():
     assert ev.passage_starts(1000, [8], None, passages=3, seed=0)[0] == 328
     # two passages of a split that holds exactly two
     assert ev.passage_starts(17, [8], None, passages=2, seed=0) == (8, [0, 8])
+    # and of one that holds two with tokens to spare, but not a third passage and its next token:
+    # 24 tokens hold (24 - 1) // 8 = 2 slots of 8, so every seed draws both
+    assert {tuple(ev.passage_starts(24, [8], None, passages=2, seed=seed)[1]) for seed in range(40)} == {(0, 8)}
 
 
 def test_passages_need_a_seed_and_a_positive_count():

@@ -73,7 +73,8 @@ def test_lm_table_compares_every_ratio_with_the_reference(tmp_path):
 def _study_files(tmp_path, scheme, core="c1"):
     write_results(_rows(scheme, 0, {4: 2.0, 8: 3.0}) + _rows(scheme, 1, {4: 2.1, 8: 3.3}),
                   tmp_path / "extrapolation" / f"{scheme}.csv")
-    runs = [{"scheme": scheme, "task": "mlm", "seed": i, "val/acc": 0.3 + i / 100, "val/ppl": 9.0} for i in (0, 1)]
+    runs = [{"scheme": scheme, "task": "mlm", "seed": i, "val/acc": 0.3 + i / 100, "val/ppl": 9.0,
+             "test/acc": 0.35 - i / 50, "test/ppl": 8.5} for i in (0, 1)]
     (tmp_path / "runs").mkdir(exist_ok=True)
     (tmp_path / "runs" / f"{scheme}.json").write_text(json.dumps({
         "scheme": scheme, "provenance": {"core": core, "scheme": scheme, "settings": "s"},
@@ -576,10 +577,11 @@ def test_tables_stage_defaults_and_what_it_writes(tmp_path, monkeypatch, capsys)
         tables.main([*runs])
 
 
-def _as_composed(tmp_path, runs, ex, out, md, printed, lm_margin, mlm_reference, mlm_margin, pairs_text, tasks):
+def _as_composed(tmp_path, runs, ex, out, md, printed, lm_margin, mlm_reference, mlm_margin, pairs_text, tasks,
+                 split="validation"):
     """Every file ``pipelines.tables`` wrote under ``out`` and ``md`` (and what it printed) is the
     library's table composed here with the settings it was given: the LM table against ``alibi``,
-    the named pairs, the masked-LM table with its reference and margin, the tasks in order."""
+    the named pairs, the masked-LM table with its reference, margin and split, the tasks in order."""
     from analysis.lm import compare_lm, compare_pairs, lm_markdown, lm_table, parse_pairs
 
     def written(path, obj):
@@ -590,8 +592,10 @@ def _as_composed(tmp_path, runs, ex, out, md, printed, lm_margin, mlm_reference,
     written(f"{out}/lm_table.json", lm)
     written(f"{out}/lm_pairs.json", pairs)
     assert (tmp_path / md / "lm_table.md").read_text() == lm_markdown(lm, "alibi", pairs)
-    mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin)
+    mlm = tables.mlm_table(tables.mlm_runs(runs), "fixed_bidirectional", DEFAULT_AGAINST, mlm_reference, mlm_margin,
+                           split)
     written(f"{out}/mlm_table.json", mlm)
+    assert mlm["split"] == split
     assert {t["margin"] for t in mlm["tests"].values()} == {mlm_margin}  # both families at that margin
     assert {e["vs_reference"]["margin"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_margin}
     assert {e["vs_reference"]["against"] for s, e in mlm["summary"].items() if s != mlm_reference} == {mlm_reference}
@@ -607,18 +611,20 @@ def _as_composed(tmp_path, runs, ex, out, md, printed, lm_margin, mlm_reference,
 
 def test_the_tables_stage_gives_each_setting_to_the_table_it_belongs_to(tmp_path, monkeypatch, capsys):
     """With every setting changed from its default (the margins, the masked LM's reference,
-    ``lm_table.pairs`` and the tasks, in their order, from the params file), each file of
+    ``lm_table.pairs``, the tasks in their order and the masked LM's split, from the params
+    file), each file of
     ``pipelines.tables`` is the library's table made with it (``_as_composed``; the defaults are
     checked the same way in ``test_tables_stage_defaults_and_what_it_writes``)."""
     runs, ex = _stage_inputs(tmp_path, monkeypatch)
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({
         "schemes": {s: {} for s in ("alibi", "fixed_bidirectional", *DEFAULT_AGAINST)},
-        "lm_table": {"pairs": {"relative": "shaw:none learned:sinusoidal"}}, "tasks": {"lm": {}, "mlm": {}}}))
+        "lm_table": {"pairs": {"relative": "shaw:none learned:sinusoidal"}},
+        "tasks": {"lm": {}, "mlm": {"evaluate": {"split": "test"}}}}))
     tables.main([*runs, "--extrapolation", *ex, "--params", str(params), "--lm-margin", "0.1", "--mlm-margin", "0.05",
                  "--mlm-reference", "sinusoidal", "--out-dir", "o", "--md-dir", "m"])
     pairs = _as_composed(tmp_path, runs, ex, "o", "m", capsys.readouterr().out, 0.1, "sinusoidal", 0.05,
-                         {"relative": "shaw:none learned:sinusoidal"}, ["lm", "mlm"])
+                         {"relative": "shaw:none learned:sinusoidal"}, ["lm", "mlm"], "test")
     assert len(pairs["relative"]) == 2
 
 
