@@ -889,7 +889,8 @@ def test_summary_of_a_single_seed_and_what_is_tested_against_what():
     """``summary``: a scheme of a single seed has its length, sd 0 and an untested
     comparison; the reference scheme ("none" by default) is not tested against itself,
     and a length the reference lacks carries no test; every length is one family (Holm
-    over its schemes); without a reference, nothing is tested."""
+    over its schemes); without a reference, nothing is tested; the cap given wins over the
+    steps the runs trained."""
     from analysis import retrieval as summary
     from analysis.stats import compare, family
 
@@ -907,6 +908,8 @@ def test_summary_of_a_single_seed_and_what_is_tested_against_what():
     assert t["alibi"]["lengths"][1]["vs"]["m"] == 1  # rope's one seed has no test: the family holds one
     plain = summary.summary(_per_run_frame(), against=None)
     assert not any("vs" in c for e in plain.values() for c in e["lengths"].values())
+    # the cap: the one the runs were given, else the most steps a run of the scheme trained
+    assert t["none"]["cap"] == 1000 and summary.summary(_per_run_frame(), cap=3000)["none"]["cap"] == 3000
 
 
 def _entry(seeds, reached, lengths, marked=False):
