@@ -672,3 +672,23 @@ def test_the_device_gate_hands_the_gate_this_process_and_the_devices_facts(capab
     assert (reason is None) == (says is None), reason
     if says is not None:
         assert says in reason
+
+
+def test_the_device_gate_reads_this_process_torch_version(monkeypatch):
+    """``device_gate`` hands ``gate`` the version of the torch it runs under (set here to one
+    before 2.6), on an Ampere device with Triton and dynamo."""
+    monkeypatch.setattr(torch_triton, "has_triton", lambda: True)
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: (8, 0))
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    assert device_gate(torch.device("cuda"), 64, 64) == gate("2.5.1+cu124", (8, 0), 64, 64, True, True)
+    assert "torch 2.5.1+cu124 is older than 2.6" in device_gate(torch.device("cuda"), 64, 64)
+
+
+def test_tupe_with_cls_untied_hands_the_flex_route_no_parts():
+    """TUPE with [CLS] untied has no low-rank form of its absolute part (its [CLS] rows and
+    column are separate), so it gives no factors and no flex parts: it takes a float-mask route."""
+    sch = scheme_of("tupe", True, {"untie_cls": True}, max_len=24)
+    pos = torch.arange(16)
+    assert sch.absolute_factors(pos, pos) is None and flex_parts(sch, pos) is None
+    assert scheme_of("tupe", True, {}, max_len=24).absolute_factors(pos, pos) is not None
