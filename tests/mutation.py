@@ -244,9 +244,11 @@ def parts_table(status: dict[str, str], equivalent: set[str]) -> list[str]:
 
 
 def commit() -> str:
-    """The commit the report is written at, with ``+changes`` if the working tree differs from it."""
+    """The commit the report is written at, with ``+changes`` if the working tree differs from it
+    (the report itself, which every run rewrites, left out)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO).returncode != 0
+    report = REPORT.relative_to(REPO).as_posix()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", f":(exclude){report}"], cwd=REPO).returncode != 0
     return head.stdout.strip() + (" +changes" if dirty else "")
 
 
@@ -266,6 +268,7 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
         else:
             open_.append(n)
     killed = sum(1 for s in status.values() if s in KILLED)
+    unreached = sum(1 for n in open_ if status[n] == "no tests")
     denominator = len(status) - pending - len(equiv_ok) - len(by_device) - len(by_help)
     score = killed / denominator if denominator else float("nan")
     counts = {"mutants": len(status), "pending": pending, "killed": killed,
@@ -284,7 +287,8 @@ def report(status: dict[str, str]) -> tuple[str, dict]:
         f"- equivalent, listed in `tests/mutation_equivalent.txt` with the reason (its line checked): {len(equiv_ok)}",
         f"- equivalent on CPU, found by rule (only a `device=` changes; `device_only`): {len(by_device)}",
         f"- equivalent by rule, only the text of a command's `--help` changes (`help_only`): {len(by_help)}",
-        f"- survived, not listed: {len(open_)}; listed but the line changed (stale): {len(stale)}",
+        f"- survived, not listed: {len(open_)} (of them no judge reaches {unreached}: mutmut's `no tests`, "
+        f"counted as not killed); listed but the line changed (stale): {len(stale)}",
         f"- not judged yet (left out of the score; see the table per part): {pending}",
         f"- **score: {killed} / {denominator} = {100 * score:.1f}%** of the judged non-equivalent mutants", "",
         *parts_table(status, set(equiv_ok) | set(by_device) | set(by_help)), "",
