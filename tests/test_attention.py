@@ -540,12 +540,10 @@ def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_
 
 
 # ------------------------------------------------ the flex route's parts, compiling nothing
-#: the schemes whose whole bias is position-only and goes to the route as parts (TUPE with
-#: [CLS] untied has no such form; a value term keeps a scheme off the route)
-POSITION_ONLY = [c for c in CASES if not c.values[2].get("untie_cls")
-                 and (lambda s: s.position_only_bias and not s.uses_value_term)(scheme_of(*c.values, max_len=8))]
-#: and FIRE with one hidden unit: a single break point, no loop over the others in its score
-POSITION_ONLY.append(pytest.param("fire", True, {"mlp_width": 1, "init_threshold": 4.0}, id="fire-causal-one_unit"))
+#: the position-only schemes, and FIRE with one hidden unit (a single break point, no loop over
+#: the others in its score)
+GRID_CASES = [*POSITION_ONLY, pytest.param("fire", True, {"mlp_width": 1, "init_threshold": 4.0},
+                                           id="fire-causal-one_unit")]
 
 
 def bias_on_grids(sch, parts, T: int) -> torch.Tensor:
@@ -568,10 +566,11 @@ def bias_on_grids(sch, parts, T: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("offset", [0, 5])
-@pytest.mark.parametrize("name,causal,extra", POSITION_ONLY)
+@pytest.mark.parametrize("name,causal,extra", GRID_CASES)
 def test_each_schemes_flex_parts_give_its_bias_and_gradients_on_index_grids(name, causal, extra, offset):
     """Every position-only scheme's ``flex_parts`` (its relative table read at
-    ``j - i + T - 1``, its absolute factors, FIRE's piecewise-linear score function), evaluated
+    ``j - i + T - 1``, its absolute factors, FIRE's piecewise-linear score function; none where
+    its absolute part has neither form, which the route then leaves alone), evaluated
     eagerly on index grids, equal the scheme's own ``bias`` (the float-mask routes'; each
     scheme's ``bias`` is checked against its paper's formula in tests/test_references.py), on
     every pair the route attends to (causal: key at or before the query), at positions from 0
@@ -582,7 +581,10 @@ def test_each_schemes_flex_parts_give_its_bias_and_gradients_on_index_grids(name
     sch = scheme_of(name, causal, extra, max_len=T + offset + 8)
     pos = torch.arange(T) + offset
     parts = flex_parts(sch, pos)
-    assert parts is not None and (parts.table is not None or parts.factors is not None or parts.score is not None)
+    if parts is None:  # an absolute part in neither form (TUPE with [CLS] untied, a scheme of one's own)
+        assert sch.absolute_factors(pos, pos) is None and sch.absolute_score(pos, pos) is None
+        return
+    assert parts.table is not None or parts.factors is not None or parts.score is not None
     got, want = bias_on_grids(sch, parts, T), sch.bias(None, None, pos, pos).expand(1, -1, -1, -1)
     seen = (pos[None, :] <= pos[:, None]) if causal else torch.ones(T, T, dtype=torch.bool)
     torch.testing.assert_close(got[..., seen], want[..., seen], atol=1e-5, rtol=1e-5)
