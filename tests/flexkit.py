@@ -18,16 +18,20 @@ import posenc.attention.flex_kernel as flex_kernel
 from posenc.attention import FLEX_ROUTE
 
 
+def index_grids(B: int, H: int, Tq: int, Tk: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The batch, head, query and key indices FlexAttention hands ``score_mod`` and ``mask_mod``,
+    as tensors that broadcast to (B, H, Tq, Tk)."""
+    return (torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None],
+            torch.arange(Tq)[None, None, :, None], torch.arange(Tk)[None, None, None, :])
+
+
 def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None):
     """FlexAttention evaluated densely: the scaled logits of every pair, ``score_mod`` applied
     to index grids of batch, head, query and key, ``block_mask``'s ``mask_mod`` as -inf, softmax.
     Autograd through it is the stand-in for the kernel's backward to q and k, which the CPU
     kernel does not have."""
-    B, Hh, Tq, Tk = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
     s = (q @ k.transpose(-1, -2)) * scale
-    b = torch.arange(B)[:, None, None, None]
-    h = torch.arange(Hh)[None, :, None, None]
-    qi, kv = torch.arange(Tq)[None, None, :, None], torch.arange(Tk)[None, None, None, :]
+    b, h, qi, kv = index_grids(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
     if score_mod is not None:
         s = score_mod(s, b, h, qi, kv)
     if block_mask is not None:

@@ -44,6 +44,7 @@ from posenc.attention.flex_gates import device_gate, gate
 from posenc.encodings import ALiBi, PositionalScheme
 from posenc.model import ModelConfig, Transformer
 
+from .flexkit import index_grids
 from .references import dense_attention, dense_model
 from .schemes import discover, factory
 
@@ -551,14 +552,10 @@ def bias_on_grids(sch, parts, T: int) -> torch.Tensor:
     as FlexAttention's ``score_mod`` sees it (broadcast index tensors of batch, head, query and
     key), plus the appended factors' product at the logit scale (``flex_attend`` appends them
     to q and k)."""
-    H = sch.n_heads
-    b = torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    h = torch.arange(H)[None, :, None, None]
-    i, j = torch.arange(T)[None, None, :, None], torch.arange(T)[None, None, None, :]
-    grid = torch.zeros(1, H, T, T)
+    grid = torch.zeros(1, sch.n_heads, T, T)
     mod = bias_score_mod(parts)
     if mod is not None:
-        grid = mod(grid, b, h, i, j)
+        grid = mod(grid, *index_grids(1, sch.n_heads, T, T))
     if parts.factors is not None:
         a, c = parts.factors
         grid = grid + sch.logit_scale() * (a @ c.transpose(-1, -2))
@@ -598,6 +595,8 @@ def test_each_schemes_flex_parts_give_its_bias_and_gradients_on_index_grids(name
         assert (a is None) == (r is None), n
         if r is not None:
             torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"gradient of {n}: {m}")
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("head_dim", [8, 7])
 def test_content_factors_give_the_content_bias(causal, head_dim):
@@ -616,7 +615,6 @@ def test_content_factors_give_the_content_bias(causal, head_dim):
         if causal:  # content_bias leaves the pairs the causal mask removes at 0
             got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
         torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
-
 
 
 _SLOW_GPU = "(FlexAttention runs ~10x slower than SDPA on a V100 and not at all on an RTX 2080 Ti)"
