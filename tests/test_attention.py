@@ -29,6 +29,7 @@ judge with them: dynamo cannot trace the wrapper mutmut puts around every functi
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 
 import pytest
@@ -36,15 +37,18 @@ import torch
 
 import torch.utils._triton as torch_triton
 
+import posenc.attention.flex as flex_module
+import posenc.attention.flex_gates as flex_gates
 import posenc.attention.layer as layer_module
 import posenc.model as model_module
 from posenc.attention import blocks
-from posenc.attention import FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention, bias_score_mod, flex_parts
+from posenc.attention import (FLEX, FLEX_ROUTE, FUSED, MASKED, PROBABILITIES, RECOMPUTED, Attention, FlexFallback,
+                              bias_score_mod, flex_attend, flex_parts, plan_attention)
 from posenc.attention.flex_gates import device_gate, gate
 from posenc.encodings import ALiBi, PositionalScheme
 from posenc.model import ModelConfig, Transformer
 
-from .flexkit import index_grids
+from .flexkit import dense_flex, fresh_flex_route, index_grids, lift_score_rule, use_kernel  # noqa: F401
 from .references import dense_attention, dense_model
 from .schemes import discover, factory
 
@@ -692,3 +696,236 @@ def test_tupe_with_cls_untied_hands_the_flex_route_no_parts():
     pos = torch.arange(16)
     assert sch.absolute_factors(pos, pos) is None and flex_parts(sch, pos) is None
     assert scheme_of("tupe", True, {}, max_len=24).absolute_factors(pos, pos) is not None
+
+
+# ------------------------------------- the flex route with a dense stand-in for its kernel
+# FlexAttention evaluated densely (``flexkit.dense_flex``) in place of the kernel: the route's
+# planning, attend, probe and fallback run as they do on a GPU, with nothing compiled (the real
+# kernel's forward and backward are checked in tests/test_flex.py)
+
+def serves_flex(cls: type[PositionalScheme] | None) -> bool:
+    """Whether the flex route serves a scheme class: a position-only bias, or a content bias with
+    a low-rank form, and no value term (from the class: nothing is built at collection)."""
+    return cls is not None and (cls.position_only_bias or cls.factors_content()) and not cls.uses_value_term
+
+
+#: the position-only schemes and those with a low-rank content part, without a value term: those
+#: the route serves, or hands on
+FLEX_CASES = [c for c in CASES if serves_flex(class_of(c))]
+#: the cases whose bias has the route's form (TUPE with [CLS] untied has none)
+FORMED = [c for c in FLEX_CASES if not c.values[2].get("untie_cls")]
+
+
+def takes_flex(name: str, extra: dict, grad: bool) -> bool:
+    """Whether a scheme's bias has a form the route reads (TUPE's with [CLS] untied has none),
+    and, with gradients on, not a score function (FIRE's trains on a float-mask route until a
+    GPU has measured its backward: ``SCORE_TRAINS``)."""
+    return not extra.get("untie_cls") and not (grad and name == "fire")
+
+
+@pytest.fixture
+def flex_on_cpu(monkeypatch, fresh_flex_route):
+    """The route wherever a scheme's bias has its form (``attention.route=flex``), with
+    ``dense_flex`` in place of the kernel: the stand-in of its backward to q and k."""
+    use_kernel(monkeypatch, dense_flex)
+
+
+@pytest.mark.parametrize("T", [13, 150])
+@pytest.mark.parametrize("name,causal,extra", FLEX_CASES)
+def test_a_layer_on_the_flex_route_equals_the_dense_reference(name, causal, extra, T, flex_on_cpu):
+    """One layer in training mode at contiguous offset positions, with ``dense_flex`` as the
+    kernel: the route where the scheme's bias has its form (a float-mask route otherwise),
+    output and the gradient of the input, the projections and every parameter of the scheme
+    against the dense formula."""
+    torch.manual_seed(0)
+    sch = scheme_of(name, causal, extra, max_len=T + 16)
+    attn = Attention(D, H, sch, causal).train()
+    h = torch.randn(2, T, D, requires_grad=True)
+    pos = torch.arange(T) + 5
+    plan = plan_attention([attn], h, pos)
+    assert (plan.name == FLEX) == takes_flex(name, extra, grad=True)
+    y, ref = attn(h, pos, plan), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("name,causal,extra", FORMED)
+def test_the_model_on_the_flex_route_equals_the_dense_reference(name, causal, extra, flex_on_cpu, monkeypatch):
+    """The whole model (two layers; a shared scheme's parts built once and read by both) in
+    evaluation mode with ``dense_flex`` as the kernel and the score rule lifted (FIRE's score
+    on the route with gradients on): logits and the gradient of every parameter against the
+    dense formula."""
+    lift_score_rule(monkeypatch)
+    torch.manual_seed(1)
+    T = 40
+    model = perturbed_model(name, causal, extra, max_len=T + 16)
+    built = []
+    parts = flex_module.flex_parts
+    monkeypatch.setattr(flex_module, "flex_parts", lambda s, pos: (len(pos) == T and built.append(s)) or parts(s, pos))
+    idx = torch.randint(0, V, (2, T))
+    pos = torch.arange(T)
+    y, ref = model(idx, pos), dense_model(model, idx, pos)
+    instances = {b.attn.scheme for b in model.blocks}
+    assert len(built) == len(instances)  # once per scheme instance and forward
+    assert model.attention_routes() == {"training": FLEX}
+    torch.testing.assert_close(y, ref, atol=5e-5, rtol=5e-5)
+    assert_same_gradients(y, ref, {n: p for n, p in model.named_parameters() if p.requires_grad}, atol=5e-5, rtol=5e-4)
+
+
+def test_the_route_is_taken_only_where_the_setting_and_the_call_allow_it(monkeypatch, fresh_flex_route):
+    """``auto`` (the default) keeps the CPU on the float-mask routes (its gate: no CUDA device);
+    ``flex`` takes the route wherever a scheme's bias has its form, but not with attention
+    dropout in training (FlexAttention has none), not at positions that are not contiguous, not
+    for a content bias without a low-rank form or a value term, and FIRE's score function only
+    without gradients; ``masked`` never takes it."""
+    x, pos = torch.zeros(1, 8, D), torch.arange(8)
+
+    def attn(name, dropout=0.0):
+        return Attention(D, H, factory(name)(d_model=D, n_heads=H, max_len=64, causal=True), True, dropout)
+
+    assert attn("alibi").route(x, pos) != FLEX
+    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["flex"])
+    assert attn("alibi").route(x, pos) == FLEX
+    assert attn("t5_bias").eval().route(x, pos) == FLEX
+    assert attn("alibi", dropout=0.1).train().route(x, pos) != FLEX
+    assert attn("alibi", dropout=0.1).eval().route(x, pos) == FLEX
+    assert attn("alibi").route(x, torch.tensor([0, 1, 3, 4, 5, 6, 7, 8])) != FLEX
+    assert attn("fixed_bidirectional").route(x, pos) == FLEX
+    assert attn("fire").route(x, pos) == RECOMPUTED
+    with torch.no_grad():
+        assert attn("fire").route(x, pos) == FLEX
+    for name in ("transformer_xl", "skew", "shaw", "rope", "none"):
+        assert attn(name).route(x, pos) != FLEX
+    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
+    with torch.no_grad():
+        assert attn("t5_bias").route(x, pos) == MASKED and attn("fire").route(x, pos) == MASKED
+
+
+def _planted(kind):
+    """A kernel that fails: one that raises, one that gives other values, one whose output has
+    no graph to the tensors ``score_mod`` reads (each fails the probe), and one that raises only
+    at a length the probe does not try (it fails the run's call instead)."""
+    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
+        if kind == "raises" or (kind == "later" and q.shape[-2] not in (200, 136)):
+            raise RuntimeError("planted kernel failure")
+        out = dense_flex(q, k, v, score_mod, block_mask, scale)
+        if kind in ("off", "later"):
+            return out * (1.5 if kind == "off" else 1.0)
+        with torch.no_grad():
+            out = dense_flex(q, k, v, score_mod, block_mask, scale)
+        return out + torch.zeros((), requires_grad=True)
+    return kernel
+
+
+@pytest.mark.parametrize("kind,reason", [("raises", "RuntimeError: planted kernel failure"),
+                                         ("off", "its output differs from the float-mask route's by 5.0e-01 (relative; "
+                                                "0.001 allowed in torch.float32)"),
+                                         ("no gradient", "parameter table.weight gets no gradient"),
+                                         ("later", "RuntimeError: the flex route (FlexAttention on cpu) failed")])
+def test_a_failing_probe_warns_once_and_sends_the_scheme_to_the_float_mask_route(kind, reason, monkeypatch,
+                                                                                fresh_flex_route):
+    """With ``auto``'s gates passed (planted: no GPU here) and a planted kernel, the probe of the
+    first call fails (or, for a kernel that fails only at a length the probe did not try, the
+    call itself): one warning naming the scheme and the reason, the call on the float-mask
+    route; the next calls of that kind take it at once, without a second probe or warning."""
+    calls = []
+    planted = _planted(kind)
+    use_kernel(monkeypatch, lambda *a, **kw: calls.append(1) or planted(*a, **kw), setting="auto")
+    monkeypatch.setattr(flex_module, "device_gate", lambda device, qk, v: None)
+    torch.manual_seed(0)
+    model = perturbed_model("t5_bias", True, {}, max_len=64).train()
+    idx = torch.randint(0, V, (2, 24))
+    with pytest.warns(FlexFallback) as seen:
+        y = model(idx)
+    seen = [w for w in seen if issubclass(w.category, FlexFallback)]
+    assert len(seen) == 1
+    message = str(seen[0].message)
+    assert message.startswith("T5Bias takes a float-mask route, not FlexAttention, on cpu") and reason in message
+    assert model.attention_routes() == {"training": RECOMPUTED}
+    torch.testing.assert_close(y, dense_model(model, idx, torch.arange(24)), atol=5e-5, rtol=5e-5)
+    probed = len(calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlexFallback)
+        model(idx)
+    assert len(calls) == probed and model.attention_routes() == {"training": RECOMPUTED}
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("name,causal,extra", FORMED)
+def test_the_probe_passes_a_kernel_that_is_right(name, causal, extra, grad, fresh_flex_route, monkeypatch):
+    """The probe of every scheme whose bias has the route's form, with ``dense_flex`` as the kernel
+    (right by construction: the dense formula), passes with gradients on and off: it finds no
+    reason, on both of its calls, so a scheme is not sent off the route by a probe that is wrong."""
+    use_kernel(monkeypatch, dense_flex, setting="auto")
+    calls = []
+    monkeypatch.setattr(flex_module, "flex_attend", lambda *a, **kw: calls.append(a[0].shape) or flex_attend(*a, **kw))
+    attn = Attention(D, H, scheme_of(name, causal, extra, max_len=256), causal)
+    x = torch.zeros(1, 4, D)
+    with torch.set_grad_enabled(grad):
+        assert FLEX_ROUTE.probe(attn, x, torch.arange(1)) is None
+    assert [(s[0], s[2]) for s in calls] == list(flex_gates.PROBE_SHAPES)
+
+
+class _Scaled(torch.autograd.Function):
+    """The identity forward; the backward multiplies the gradient by ``factor`` (a kernel whose
+    backward is wrong by that much), or raises where ``factor`` is None."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.factor is None:
+            raise RuntimeError("planted backward failure")
+        return g * ctx.factor, None
+
+
+def test_the_probes_gradient_check_names_each_way_a_gradient_can_be_wrong():
+    """``probe_gradients`` on T5's table (the float-mask route's output ``want`` against the flex
+    route's ``got``, the same values with a backward of its own): None where the gradients agree
+    or the scheme has no trainable parameter; else the parameter and what is wrong with it, word
+    for word, at the relative error the backward planted (1.5 x: 5.0e-01)."""
+    sch = scheme_of("t5_bias", True, {}, max_len=32)
+    pos = torch.arange(12)
+
+    def want():
+        return sch.position_bias(pos, pos).softmax(-1)
+
+    def check(factor, tol=1e-3):
+        g = torch.Generator().manual_seed(0)
+        return flex_gates.probe_gradients(sch, _Scaled.apply(want(), factor), want(), tol, g)
+
+    name = next(n for n, p in sch.named_parameters() if p.requires_grad)
+    assert check(1.0) is None
+    assert check(1.5) == f"the gradient of parameter {name} differs from the float-mask route's by 5.0e-01 (relative)"
+    assert check(1.5, tol=0.501) is None and check(1.5, tol=0.499) is not None
+    assert check(float("nan")) == f"parameter {name} gets a gradient that is not finite"
+    assert check(None) == "its backward failed: RuntimeError: planted backward failure"
+    detached = want().detach() + torch.zeros((), requires_grad=True)
+    assert flex_gates.probe_gradients(sch, detached, want(), 1e-3, torch.Generator()) == (
+        f"parameter {name} gets no gradient")
+    alibi = scheme_of("alibi", True, {}, max_len=32)
+    out = alibi.position_bias(pos, pos).requires_grad_()
+    assert flex_gates.probe_gradients(alibi, out * 2, out, 1e-3, torch.Generator()) is None  # nothing trainable
+
+
+def test_relative_errors_on_stated_values():
+    """``relative_error``: ||a - b|| / max(||b||, floor), the plain norm of a - b where both are 0;
+    ``gradient_errors``: each gradient over the larger of its own norm and the norm all of ``want``
+    would give it spread evenly (here ||want|| = 5 over 5 entries, so 5 * sqrt(2 / 5) for a
+    2-entry gradient), names missing or None on either side left out."""
+    t = torch.tensor
+    assert flex_gates.relative_error(t([3.0, 4.0]), t([0.0, 0.0])) == 5.0
+    assert flex_gates.relative_error(t([1.0, 0.0]), t([0.0, 0.0]), floor=2.0) == 0.5
+    assert flex_gates.relative_error(t([3.0, 5.0]), t([3.0, 4.0])) == pytest.approx(0.2)
+    assert flex_gates.relative_error(t([3.0, 5.0]), t([3.0, 4.0]), floor=10.0) == pytest.approx(0.1)
+    assert flex_gates.relative_error(t([3.0, 5.0]), t([3.0, 4.0]), floor=1.0) == pytest.approx(0.2)
+    half = 5.0 * (2 / 5) ** 0.5
+    got = flex_gates.gradient_errors({"a": t([3.0, 5.0]), "b": t([0.1, 0.0]), "c": t([1.0]), "d": None},
+                                     {"a": t([3.0, 4.0]), "b": t([0.0, 0.0]), "c": None, "d": t([0.0])})
+    assert set(got) == {"a", "b"}
+    assert got["a"] == pytest.approx(0.2) and got["b"] == pytest.approx(0.1 / half)
+    assert flex_gates.gradient_errors({"a": t([1.0])}, {"a": t([0.0])}) == {"a": 1.0}
+    assert flex_gates.gradient_errors({}, {}) == {}

@@ -923,6 +923,32 @@ def test_evaluate_checkpoint_of_a_trained_run(real_store, tmp_path):
     assert files == []
 
 
+def test_a_studys_rows_at_lengths_are_the_checkpoints_nonoverlapping_rows(real_store, capfd):
+    """``rows_at_lengths`` (a study's rows of one run): the non-overlapping windows alone at each
+    multiple of the given L, on that split's passages, with the rule switched on and the label
+    in place of the run's scheme, the same rows ``evaluate_checkpoint`` gives with those
+    settings spelled out, and no progress bar."""
+    got = ev.rows_at_lengths(str(real_store.run_dir), None, None, 8, "cpu", [2, 3], 96, "test", 2)
+    s = ev.Settings(methods=("nonoverlapping",), lengths=[16, 24], max_tokens=96, split="test", passages=2,
+                    progress=False, log_mlflow=False)
+    want, _ = ev.evaluate_checkpoint(real_store.run_dir, s)
+    assert [(r["eval_len"], r["method"], r["split"], r["scheme"], r["extension"]) for r in got] == [
+        (16, "nonoverlapping", "test", "rope", ""), (24, "nonoverlapping", "test", "rope", "")]
+    assert [r["ppl"] for r in got] == [r["ppl"] for r in want] and [r["train_len"] for r in got] == [TRAIN_LEN] * 2
+    assert [r["n_tokens"] for r in got] == [r["n_tokens"] for r in want]
+    one = ev.rows_at_lengths(str(real_store.run_dir), None, None, 8, "cpu", [2], 96, "test")
+    assert one[0]["ppl"] != got[0]["ppl"]  # one passage, not two
+    assert ev.rows_at_lengths(str(real_store.run_dir), None, None, 8, "cpu", [2], 48)[0]["split"] == "validation"
+    assert capfd.readouterr().err == ""
+    label = {"scheme": "rope+pi+ft2L", "extension": "pi@2x2"}
+    fine = ev.rows_at_lengths(str(real_store.run_dir), "pi", label, 8, "cpu", [2, 4], None)
+    assert [(r["eval_len"], r["scheme"], r["extension"], r["train_len"]) for r in fine] == [
+        (16, "rope+pi+ft2L", "pi@2x2", 8), (32, "rope+pi+ft2L", "pi@2x2", 8)]
+    s = ev.Settings(methods=("nonoverlapping",), lengths=[16, 32], max_tokens=None, extension="pi", progress=False,
+                    log_mlflow=False)
+    assert [r["ppl"] for r in fine] == [r["ppl"] for r in ev.evaluate_checkpoint(real_store.run_dir, s)[0]]
+
+
 def test_log_to_mlflow_on_a_real_store(real_store, tmp_path):
     """On a real sqlite store: metric keys, values and steps, NaN / None rows left out,
     logging the same rows twice keeps one point per length, tags as str, artifacts under

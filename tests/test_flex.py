@@ -15,13 +15,14 @@ in parts that together cover it:
   joint graph run on the real graph;
 * the backward to q and k (the appended factors): ``dense_flex`` in place of the kernel
   (a stand-in, said where it is used);
-* the route's decisions: the setting ``attention.route``, the probe with planted failing
-  kernels and with the real one, the recompilation limit lowered until it is hit, the causal
-  block mask against ``create_block_mask``.
+* the route's decisions: the probe with the real kernel, the recompilation limit lowered until
+  it is hit, the causal block mask against ``create_block_mask``.
 
-The parts that run without compiling (the gates, each scheme's table, factors and score
-function on index grids, the fixed encoding's content factors) are in tests/test_attention.py,
-where the mutation run can judge with them. The GPU check (``python -m posenc.gpu_check``) runs
+What runs without compiling is in tests/test_attention.py, where the mutation run can judge
+with it: the gates, each scheme's table, factors and score function on index grids, the fixed
+encoding's content factors, and the route itself with ``dense_flex`` in place of the kernel (a
+layer and the model against the dense formula, the setting ``attention.route``, the probe with
+a right kernel and with planted failing ones). The GPU check (``python -m posenc.gpu_check``) runs
 the compiled kernel on CUDA.
 """
 
@@ -43,40 +44,7 @@ from posenc.attention.flex_kernel import causal_mask_mod
 from .flexkit import (closure_tensors, dense_flex, fresh_flex_route, joint_graph_checking_backend,  # noqa: F401
                       lift_score_rule, real_kernel, use_kernel)
 from .references import dense_attention, dense_model
-from .schemes import factory
-from .test_attention import (CASES, D, H, V, assert_same_gradients, perturbed_model, scheme_of,
-                             trained_layer_gradients)
-
-
-def flex_cases():
-    """The position-only schemes and those with a low-rank content part, without a value
-    term: those the route serves, or hands on."""
-    out = []
-    for case in CASES:
-        name, causal, extra = case.values
-        sch = scheme_of(name, causal, extra, max_len=32)
-        if (sch.position_only_bias or sch.factors_content()) and not sch.uses_value_term:
-            out.append(case)
-    return out
-
-
-FLEX_CASES = flex_cases()
-#: the cases whose bias has the route's form (TUPE with [CLS] untied has none)
-FORMED = [c for c in FLEX_CASES if not c.values[2].get("untie_cls")]
-
-
-def takes_flex(name: str, extra: dict, grad: bool) -> bool:
-    """Whether a scheme's bias has a form the route reads (TUPE's with [CLS] untied has none),
-    and, with gradients on, not a score function (FIRE's trains on a float-mask route until a
-    GPU has measured its backward: ``SCORE_TRAINS``)."""
-    return not extra.get("untie_cls") and not (grad and name == "fire")
-
-
-@pytest.fixture
-def flex_on_cpu(monkeypatch, fresh_flex_route):
-    """The route wherever a scheme's bias has its form (``attention.route=flex``), with
-    ``dense_flex`` in place of the kernel: the stand-in of its backward to q and k."""
-    use_kernel(monkeypatch, dense_flex)
+from .test_attention import FORMED, D, H, V, assert_same_gradients, perturbed_model, scheme_of
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -106,77 +74,6 @@ def test_the_flex_kernel_equals_the_dense_evaluation_of_its_score_function(causa
             if causal:
                 logits = logits.masked_fill(i[None, :] > i[:, None], float("-inf"))
             torch.testing.assert_close(got, logits.softmax(-1) @ v, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("T", [13, 150])
-@pytest.mark.parametrize("name,causal,extra", FLEX_CASES)
-def test_a_layer_on_the_flex_route_equals_the_dense_reference(name, causal, extra, T, flex_on_cpu):
-    """One layer in training mode at contiguous offset positions, with ``dense_flex`` as the
-    kernel: the route where the scheme's bias has its form (a float-mask route otherwise),
-    output and the gradient of the input, the projections and every parameter of the scheme
-    against the dense formula."""
-    torch.manual_seed(0)
-    sch = scheme_of(name, causal, extra, max_len=T + 16)
-    attn = Attention(D, H, sch, causal).train()
-    h = torch.randn(2, T, D, requires_grad=True)
-    pos = torch.arange(T) + 5
-    plan = plan_attention([attn], h, pos)
-    assert (plan.name == FLEX) == takes_flex(name, extra, grad=True)
-    y, ref = attn(h, pos, plan), dense_attention(attn, h, pos)
-    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
-    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
-
-
-@pytest.mark.parametrize("name,causal,extra", FORMED)
-def test_the_model_on_the_flex_route_equals_the_dense_reference(name, causal, extra, flex_on_cpu, monkeypatch):
-    """The whole model (two layers; a shared scheme's parts built once and read by both) in
-    evaluation mode with ``dense_flex`` as the kernel and the score rule lifted (FIRE's score
-    on the route with gradients on): logits and the gradient of every parameter against the
-    dense formula."""
-    lift_score_rule(monkeypatch)
-    torch.manual_seed(1)
-    T = 40
-    model = perturbed_model(name, causal, extra, max_len=T + 16)
-    built = []
-    parts = flex_module.flex_parts
-    monkeypatch.setattr(flex_module, "flex_parts", lambda s, pos: (len(pos) == T and built.append(s)) or parts(s, pos))
-    idx = torch.randint(0, V, (2, T))
-    pos = torch.arange(T)
-    y, ref = model(idx, pos), dense_model(model, idx, pos)
-    instances = {b.attn.scheme for b in model.blocks}
-    assert len(built) == len(instances)  # once per scheme instance and forward
-    assert model.attention_routes() == {"training": FLEX}
-    torch.testing.assert_close(y, ref, atol=5e-5, rtol=5e-5)
-    assert_same_gradients(y, ref, {n: p for n, p in model.named_parameters() if p.requires_grad}, atol=5e-5, rtol=5e-4)
-
-
-def test_the_route_is_taken_only_where_the_setting_and_the_call_allow_it(monkeypatch, fresh_flex_route):
-    """``auto`` (the default) keeps the CPU on the float-mask routes (its gate: no CUDA device);
-    ``flex`` takes the route wherever a scheme's bias has its form, but not with attention
-    dropout in training (FlexAttention has none), not at positions that are not contiguous, not
-    for a content bias without a low-rank form or a value term, and FIRE's score function only
-    without gradients; ``masked`` never takes it."""
-    x, pos = torch.zeros(1, 8, D), torch.arange(8)
-
-    def attn(name, dropout=0.0):
-        return Attention(D, H, factory(name)(d_model=D, n_heads=H, max_len=64, causal=True), True, dropout)
-
-    assert attn("alibi").route(x, pos) != FLEX
-    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["flex"])
-    assert attn("alibi").route(x, pos) == FLEX
-    assert attn("t5_bias").eval().route(x, pos) == FLEX
-    assert attn("alibi", dropout=0.1).train().route(x, pos) != FLEX
-    assert attn("alibi", dropout=0.1).eval().route(x, pos) == FLEX
-    assert attn("alibi").route(x, torch.tensor([0, 1, 3, 4, 5, 6, 7, 8])) != FLEX
-    assert attn("fixed_bidirectional").route(x, pos) == FLEX
-    assert attn("fire").route(x, pos) == RECOMPUTED
-    with torch.no_grad():
-        assert attn("fire").route(x, pos) == FLEX
-    for name in ("transformer_xl", "skew", "shaw", "rope", "none"):
-        assert attn(name).route(x, pos) != FLEX
-    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
-    with torch.no_grad():
-        assert attn("t5_bias").route(x, pos) == MASKED and attn("fire").route(x, pos) == MASKED
 
 
 def _model_on_the_real_kernel(name, causal, extra, monkeypatch, kernel, shapes=((2, 40),), d_model=D):
@@ -370,54 +267,6 @@ def test_inductor_refuses_fires_old_score_and_accepts_the_new(monkeypatch, fresh
 
 
 # ------------------------------------------------------------------ gates, probe, limits
-
-
-def _planted(kind):
-    """A kernel that fails: one that raises, one that gives other values, one whose output has
-    no graph to the tensors ``score_mod`` reads (each fails the probe), and one that raises only
-    at a length the probe does not try (it fails the run's call instead)."""
-    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
-        if kind == "raises" or (kind == "later" and q.shape[-2] not in (200, 136)):
-            raise RuntimeError("planted kernel failure")
-        out = dense_flex(q, k, v, score_mod, block_mask, scale)
-        if kind in ("off", "later"):
-            return out * (1.5 if kind == "off" else 1.0)
-        with torch.no_grad():
-            out = dense_flex(q, k, v, score_mod, block_mask, scale)
-        return out + torch.zeros((), requires_grad=True)
-    return kernel
-
-
-@pytest.mark.parametrize("kind,reason", [("raises", "RuntimeError: planted kernel failure"),
-                                         ("off", "its output differs from the float-mask route's"),
-                                         ("no gradient", "parameter table.weight gets no gradient"),
-                                         ("later", "RuntimeError: the flex route (FlexAttention on cpu) failed")])
-def test_a_failing_probe_warns_once_and_sends_the_scheme_to_the_float_mask_route(kind, reason, monkeypatch,
-                                                                                fresh_flex_route):
-    """With ``auto``'s gates passed (planted: no GPU here) and a planted kernel, the probe of the
-    first call fails (or, for a kernel that fails only at a length the probe did not try, the
-    call itself): one warning naming the scheme and the reason, the call on the float-mask
-    route; the next calls of that kind take it at once, without a second probe or warning."""
-    calls = []
-    planted = _planted(kind)
-    use_kernel(monkeypatch, lambda *a, **kw: calls.append(1) or planted(*a, **kw), setting="auto")
-    monkeypatch.setattr(flex_module, "device_gate", lambda device, qk, v: None)
-    torch.manual_seed(0)
-    model = perturbed_model("t5_bias", True, {}, max_len=64).train()
-    idx = torch.randint(0, V, (2, 24))
-    with pytest.warns(FlexFallback) as seen:
-        y = model(idx)
-    seen = [w for w in seen if issubclass(w.category, FlexFallback)]
-    assert len(seen) == 1
-    message = str(seen[0].message)
-    assert message.startswith("T5Bias takes a float-mask route, not FlexAttention, on cpu") and reason in message
-    assert model.attention_routes() == {"training": RECOMPUTED}
-    torch.testing.assert_close(y, dense_model(model, idx, torch.arange(24)), atol=5e-5, rtol=5e-5)
-    probed = len(calls)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FlexFallback)
-        model(idx)
-    assert len(calls) == probed and model.attention_routes() == {"training": RECOMPUTED}
 
 
 def test_the_probe_passes_with_the_real_kernel_and_fails_where_it_cannot_train(monkeypatch, fresh_flex_route):

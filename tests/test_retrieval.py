@@ -1016,3 +1016,97 @@ def test_draw_at_given_depths_puts_each_needle_where_its_depth_says():
         first = seq.index(keys[0])
         assert first == want[0]  # filler tokens before it, no needle before the first
         assert seq.index(keys[1]) == want[1] + 1 + layout.digits  # the first needle's key and digits come before
+
+
+# ------------------------------------------------------------------ a trained run's cells
+@pytest.fixture(scope="module")
+def scored_run(tmp_path_factory, data_root, cache_dir):
+    """A retrieval run (ALiBi, 32-token windows) trained 2 steps, with its own MLflow store."""
+    from posenc.config import compose
+    from posenc.train import train
+
+    from .conftest import FAST
+
+    root = tmp_path_factory.mktemp("scored")
+    train(compose([f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}", *FAST,
+                   "task=retrieval", "encoding=alibi", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                   "trainer.limit_val_batches=1", "log_checkpoint=false"]))
+    (run_dir,) = (root / "outputs" / "runs").iterdir()
+    return SimpleNamespace(path=run_dir, uri=f"sqlite:///{root}/mlflow.db",
+                           run_id=json.loads((run_dir / "run.json").read_text())["mlflow_run_id"])
+
+
+def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scored_run):
+    """``score_cells`` on a trained run against the grid evaluated on the run's model and the
+    split's filler directly (``evaluate_grid``, ``trial`` and ``needle_attention``): each cell's
+    trials, exact match and digit accuracy, the needle attention of its first trials (NaN where
+    none are asked for), the run's labels and the multiple of L; a cell's row is the same scored
+    alone or beside others, and ``extra`` replaces labels."""
+    from posenc.runs import open_run, resolve_checkpoint, run_data
+
+    run, module = open_run(resolve_checkpoint(scored_run.path, "last").path)
+    task = rt.Task(run_data(run.cfg, vocab_size=run.vocab_size).prepared, run.task.digits, 1)
+    filler = task.filler("test")
+    cells = [(64, 0.0), (32, 0.5), (32, 1.0)]
+    settings = {"trial_seed": 3, "trials": 6, "attention_trials": 2, "split": "test"}
+    rows = rt.score_cells(str(scored_run.path), cells, settings)
+    assert [(r["length"], r["depth"], r["multiple"]) for r in rows] == [(64, 0.0, 2), (32, 0.5, 1), (32, 1.0, 1)]
+    for (length, depth), row in zip(cells, rows):
+        (want,) = rt.evaluate_grid(module.model, filler, task.sym, [length], [depth], digits=5, seed=3, trials=6)
+        assert {k: row[k] for k in want} == pytest.approx(want, nan_ok=True)
+        idx = torch.stack([rt.trial(filler, task.sym, length, depth, 5, 3, i)[0] for i in range(2)])
+        start = round(depth * rt.Layout(length, 1, 5).filler)
+        assert row["needle_attention"] == pytest.approx(rt.needle_attention(module.model, idx, start, 6, 5))
+        assert (row["scheme"], row["extension"], row["seed"], row["train_len"], row["run_id"]) == (
+            "alibi", "", 0, 32, scored_run.run_id)
+    alone = rt.score_cells(str(scored_run.path), cells[1:2], settings)
+    assert alone == [pytest.approx(rows[1], nan_ok=True)]
+    validation = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "split": "validation"})
+    (want,) = rt.evaluate_grid(module.model, task.filler("validation"), task.sym, [32], [0.5], digits=5, seed=3,
+                               trials=6)
+    assert validation[0]["exact_match"] == pytest.approx(want["exact_match"])
+    none = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "attention_trials": 0},
+                          extra={"scheme": "alibi+ft", "extension": "x"})
+    assert math.isnan(none[0]["needle_attention"]) and (none[0]["scheme"], none[0]["extension"]) == ("alibi+ft", "x")
+    assert {k: v for k, v in none[0].items() if k not in ("needle_attention", "scheme", "extension")} == pytest.approx(
+        {k: v for k, v in rows[1].items() if k not in ("needle_attention", "scheme", "extension")})
+
+
+def _grid_rows(run_id, scheme="alibi", seed=0):
+    """Hand-made grid rows (L = 16), out of order: exact match 1 and 0 at L, 0.5 and NaN (a
+    length past the table) at 2L."""
+    base = {"scheme": scheme, "extension": "", "seed": seed, "train_len": 16, "run_id": run_id, "trials": 4,
+            "needle_attention": 0.5, "note": ""}
+    cells = [(32, 0.5, 2, 0.5, 0.75), (16, 1.0, 1, 0.0, 0.5), (32, 0.0, 2, math.nan, math.nan), (16, 0.0, 1, 1.0, 1.0)]
+    return [{**base, "length": L, "depth": d, "multiple": m, "exact_match": e, "digit_acc": a}
+            for L, d, m, e, a in cells]
+
+
+def test_a_finished_grid_is_sorted_written_beside_the_run_and_logged_at_step_length(tmp_path, empty_store):
+    """``finish_grid``: rows sorted by (length, depth), written to ``retrieval[-rule].csv`` in the
+    run folder, the means over depths (NaN left out) logged to the run's MLflow run at step =
+    length under ``retrieval/<metric>[_rule]``, the file under the run's ``retrieval/``
+    artifacts, and the line of progress with the exact match at L; a grid of no MLflow run is
+    written, and logged nowhere."""
+    import shutil
+
+    import mlflow
+
+    from posenc.tracking import sqlite_uri
+
+    uri = sqlite_uri(shutil.copy(empty_store, tmp_path / "mlflow.db"))
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("grids")).info.run_id
+    (tmp_path / "run").mkdir()
+    rows, line = rt.finish_grid(_grid_rows(run_id), uri, str(tmp_path / "run"), "yarn")
+    assert [(r["length"], r["depth"]) for r in rows] == [(16, 0.0), (16, 1.0), (32, 0.0), (32, 0.5)]
+    assert line == "alibi s0 retrieval grid: exact match at L 50.0%"
+    written = pd.read_csv(tmp_path / "run" / "retrieval-yarn.csv")
+    assert list(zip(written["length"], written["depth"])) == [(16, 0.0), (16, 1.0), (32, 0.0), (32, 0.5)]
+    for key, want in (("exact_match", [(16, 0.5), (32, 0.5)]), ("digit_acc", [(16, 0.75), (32, 0.75)])):
+        hist = client.get_metric_history(run_id, f"retrieval/{key}_yarn")
+        assert sorted((h.step, h.value) for h in hist) == want
+    assert [a.path for a in client.list_artifacts(run_id, "retrieval")] == ["retrieval/retrieval-yarn.csv"]
+    rows, line = rt.finish_grid(_grid_rows(None, "rope", 2)[::-1], uri, str(tmp_path / "run"))
+    assert line == "rope s2 retrieval grid: exact match at L 50.0%" and (tmp_path / "run" / "retrieval.csv").is_file()
+    assert client.get_metric_history(run_id, "retrieval/exact_match") == []

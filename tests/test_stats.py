@@ -175,7 +175,8 @@ def test_welch_power_is_within_2_points_of_a_simulation_of_the_test(df, var, n):
     """The power ``welch_power`` states against SciPy's Welch test run on 20,000 independent
     draws, at the Welch degrees of freedom 2, 3, 5, 10 and 20 (the last both simulated, 11 a side,
     and from the noncentral t, 21 a side), at the level of one test and of a family of 15, at
-    the difference it calls detectable with 80% power and at half of it: within 2 points."""
+    the difference it calls detectable with 80% power and at half of it: within 2 points; and
+    where it is simulated, ``simulated_power`` (the power at one difference) gives the same."""
     assert _welch_df(var, n) == pytest.approx(df, abs=0.05)
     for alpha in (0.05, 0.05 / 15):
         test = {"p": 0.5, "var": list(var), "n": list(n), "scale": "points"}
@@ -183,6 +184,8 @@ def test_welch_power_is_within_2_points_of_a_simulation_of_the_test(df, var, n):
         for delta in (d, d / 2):
             got = stats.welch_power(delta, var, n, alpha)
             assert got == pytest.approx(_simulated_rejections(delta, var, n, alpha), abs=0.02), (df, alpha, delta)
+            if min(n) < stats.SIMULATE_BELOW:  # the simulated power, asked for one difference, is the same
+                assert stats.simulated_power(delta, var, n, alpha) == got
         assert stats.welch_power(d, var, n, alpha) == pytest.approx(stats.POWER, abs=1e-3)
 
 
