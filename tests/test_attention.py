@@ -246,6 +246,24 @@ def trains_as_the_distance_formula(sch, causal: bool, per_head, params: list) ->
     return attn, h, pos, formula
 
 
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_scheme_of_ones_own_with_its_own_logit_scale_takes_the_fused_route_at_that_scale(causal):
+    """A scheme with no bias whose logit scale is not 1/sqrt(head dim) (TUPE's kind of change)
+    takes the fused route, at its own scale: output and every gradient against the dense formula."""
+
+    class Scaled(PositionalScheme):
+        def logit_scale(self):
+            return 0.7
+
+    torch.manual_seed(0)
+    attn = Attention(D, H, Scaled(d_model=D, n_heads=H, max_len=32, causal=causal), causal).train()
+    h, pos = torch.randn(2, 10, D, requires_grad=True), torch.arange(10)
+    assert attn.route(h, pos) == FUSED
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_a_content_bias_of_batch_one_trains_right(causal, monkeypatch):
     """A scheme declared content-dependent whose bias has batch size 1 takes the recomputing
@@ -431,7 +449,8 @@ def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
     """``position_block`` (the mask of query rows r0:r1 and keys :c1 that the ``recomputed``
     route builds from the relative part on the 2T - 1 distances and the block's absolute
     part) equals that part of the whole mask, ``with_causal(position_bias)``, for blocks on,
-    below and across the diagonal, at positions offset from 0."""
+    below and across the diagonal (one of two rows: a single key after its first row), at
+    positions offset from 0."""
     torch.manual_seed(0)
     T = 40
     sch = scheme_of(name, causal, extra, max_len=T + 8)
@@ -439,7 +458,7 @@ def test_a_position_block_is_its_part_of_the_whole_mask(name, causal, extra):
     with torch.no_grad():
         whole = blocks.with_causal(sch.position_bias(pos, pos), pos, pos, causal)
         rel_vals, parts = blocks.position_parts(sch, pos)
-        for r0, r1, c1 in [(0, 40, 40), (0, 7, 7), (8, 24, 24), (8, 24, 40), (30, 40, 33), (39, 40, 40)]:
+        for r0, r1, c1 in [(0, 40, 40), (0, 7, 7), (8, 24, 24), (8, 24, 40), (30, 40, 33), (39, 40, 40), (10, 12, 12)]:
             absolute = sch.absolute_block(parts, pos, pos, slice(r0, r1), slice(0, c1))
             block = blocks.position_block(sch, rel_vals, absolute, pos, r0, r1, c1, causal)
             torch.testing.assert_close(block, whole[..., r0:r1, :c1], atol=1e-6, rtol=1e-6,
@@ -544,6 +563,32 @@ def test_a_scheme_of_ones_own_with_a_key_bias_and_a_value_term_is_recomputed_as_
     assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_scheme_of_ones_own_with_a_value_term_alone_is_recomputed_as_the_dense_formula(monkeypatch, causal, dtype):
+    """A value term (each row's mass times a learned vector) and no bias: the recomputing route's
+    blocks carry the causal mask alone (or none; in the logits' dtype), in blocks of 4 rows;
+    output and every gradient against the dense formula, in float32 and float64."""
+
+    class ValueOnly(PositionalScheme):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.u = torch.nn.Parameter(torch.randn(self.head_dim))
+
+        def value_term(self, probs, q_pos, k_pos):
+            return (probs * (k_pos[None, :] % 3).to(probs.dtype)).sum(-1, keepdim=True) * self.u.to(probs.dtype)
+
+    T = 12
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 3 * H * T * 4)
+    torch.manual_seed(0)
+    attn = Attention(D, H, ValueOnly(d_model=D, n_heads=H, max_len=32, causal=causal), causal).to(dtype).train()
+    h, pos = torch.randn(3, T, D, dtype=dtype, requires_grad=True), torch.arange(T) + 5
+    assert attn.route(h, pos) == RECOMPUTED
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
 # ------------------------------------------------ the flex route's parts, compiling nothing
 #: the position-only schemes, and FIRE with one hidden unit (a single break point, no loop over
 #: the others in its score)
@@ -620,6 +665,30 @@ def test_content_factors_give_the_content_bias(causal, head_dim):
             got = got.masked_fill(pos[None, :] > pos[:, None], 0.0)
         torch.testing.assert_close(got, want.expand_as(got), atol=1e-6, rtol=1e-5)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("head_dim", [8, 7])
+def test_content_factors_are_the_angle_sum_in_float64_and_come_in_the_inputs_dtype(head_dim, dtype):
+    """The fixed bidirectional encoding's factors against the sum written out in float64,
+    sum over slots s of q_sin(s) sin((i - j) w_s) + q_cos(s) cos((i - j) w_s), w_s = 10000^(-2s/d)
+    (no cosine slot past an odd head dim), at positions up to 400: a @ b^T to float64's rounding
+    for float64 inputs (angles computed in float64), to float32's for float32; a in q's dtype,
+    b in k's, shaped (B, H, T, 2 slots) and (1, H, T, 2 slots)."""
+    torch.manual_seed(0)
+    sch = factory("fixed_bidirectional")(d_model=head_dim * 2, n_heads=2, max_len=512, causal=False)
+    q, k = torch.randn(3, 2, 6, head_dim, dtype=dtype), torch.randn(3, 2, 6, head_dim, dtype=dtype)
+    pos = torch.tensor([0, 3, 17, 120, 255, 400])
+    a, b = sch.content_factors(q, k, pos, pos)
+    half = (head_dim + 1) // 2
+    assert (a.dtype, b.dtype, a.shape, b.shape) == (dtype, dtype, (3, 2, 6, 2 * half), (1, 2, 6, 2 * half))
+    w = 10000.0 ** (-2.0 * torch.arange(half, dtype=torch.float64) / head_dim)
+    ang = (pos[:, None] - pos[None, :]).double()[..., None] * w  # (i, j, s)
+    qd = q.double()
+    want = (qd[..., 0::2][:, :, :, None, :] * ang.sin()).sum(-1)
+    want = want + (qd[..., 1::2][:, :, :, None, :] * ang.cos()[..., : head_dim // 2]).sum(-1)
+    tol = {torch.float64: 1e-10, torch.float32: 1e-4}[dtype]
+    torch.testing.assert_close((a.double() @ b.double().transpose(-1, -2)), want, atol=tol, rtol=tol)
 
 _SLOW_GPU = "(FlexAttention runs ~10x slower than SDPA on a V100 and not at all on an RTX 2080 Ti)"
 
@@ -850,20 +919,33 @@ def test_a_failing_probe_warns_once_and_sends_the_scheme_to_the_float_mask_route
     assert len(calls) == probed and model.attention_routes() == {"training": RECOMPUTED}
 
 
-@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("grad,dtype", [(True, torch.float32), (False, torch.float32), (False, torch.float64)],
+                         ids=["grad-float32", "no_grad-float32", "no_grad-float64"])
 @pytest.mark.parametrize("name,causal,extra", FORMED)
-def test_the_probe_passes_a_kernel_that_is_right(name, causal, extra, grad, fresh_flex_route, monkeypatch):
+def test_the_probe_passes_a_kernel_that_is_right(name, causal, extra, grad, dtype, fresh_flex_route, monkeypatch):
     """The probe of every scheme whose bias has the route's form, with ``dense_flex`` as the kernel
-    (right by construction: the dense formula), passes with gradients on and off: it finds no
-    reason, on both of its calls, so a scheme is not sent off the route by a probe that is wrong."""
+    (right by construction: the dense formula), passes with gradients on and off in float32, and
+    for calls in float64 (q, k, v and the factors cast to the call's dtype) without gradients:
+    it finds no reason, on both of its calls, so a scheme is not sent off the route by a probe
+    that is wrong. Its random inputs come from a generator of its own: the process's random
+    state is untouched. (With gradients in float64 the probe holds the gradients to float64's
+    tolerance, 1e-6, against its float32 reference, which FIRE and causal KERPLE miss by a few
+    1e-6: such a run would leave the route with a warning; a known defect of the probe.)"""
     use_kernel(monkeypatch, dense_flex, setting="auto")
     calls = []
-    monkeypatch.setattr(flex_module, "flex_attend", lambda *a, **kw: calls.append(a[0].shape) or flex_attend(*a, **kw))
+
+    def recorded(q, *a, **kw):
+        calls.append((q.shape, q.dtype))
+        return flex_attend(q, *a, **kw)
+
+    monkeypatch.setattr(flex_module, "flex_attend", recorded)
     attn = Attention(D, H, scheme_of(name, causal, extra, max_len=256), causal)
-    x = torch.zeros(1, 4, D)
+    x = torch.zeros(1, 4, D, dtype=dtype)
+    state = torch.get_rng_state()
     with torch.set_grad_enabled(grad):
         assert FLEX_ROUTE.probe(attn, x, torch.arange(1)) is None
-    assert [(s[0], s[2]) for s in calls] == list(flex_gates.PROBE_SHAPES)
+    assert [(s[0], s[2], d) for s, d in calls] == [(b, n, dtype) for b, n in flex_gates.PROBE_SHAPES]
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 class _Scaled(torch.autograd.Function):
@@ -929,3 +1011,229 @@ def test_relative_errors_on_stated_values():
     assert got["a"] == pytest.approx(0.2) and got["b"] == pytest.approx(0.1 / half)
     assert flex_gates.gradient_errors({"a": t([1.0])}, {"a": t([0.0])}) == {"a": 1.0}
     assert flex_gates.gradient_errors({}, {}) == {}
+
+
+def test_a_forced_route_is_the_one_every_call_names_and_plans_the_innermost_while_nested():
+    """``forced_route``: inside it every call names and plans that route whether it applies or
+    not; nested, the innermost holds; outside, the routes decide again."""
+    from posenc.attention.layer import ROUTES, forced_route
+
+    by_name = {r.name: r for r in ROUTES}
+    attn = Attention(D, H, factory("alibi")(d_model=D, n_heads=H, max_len=32, causal=True), True)
+    x, pos = torch.zeros(1, 8, D), torch.arange(8)
+    free = attn.route(x, pos)
+    assert free not in (PROBABILITIES, FUSED)
+    with forced_route(by_name[PROBABILITIES]):
+        assert attn.route(x, pos) == PROBABILITIES and plan_attention([attn], x, pos).route.name == PROBABILITIES
+        with forced_route(by_name[FUSED]):
+            assert attn.route(x, pos) == FUSED and plan_attention([attn], x, pos).route.name == FUSED
+        assert attn.route(x, pos) == PROBABILITIES
+    assert attn.route(x, pos) == free
+
+
+def test_which_routes_train_on_which_device_and_serve_which_scheme():
+    """Each route's ``trains_on`` and ``serves`` (what the GPU check's steps ask of them): the
+    flex route trains on CUDA alone (the CPU kernel has no backward for q, k, v), the recomputed
+    route on the CPU alone (CUDA's fused kernels keep a mask that requires grad themselves), the
+    others anywhere; the probabilities route serves every scheme."""
+    from posenc.attention.layer import ROUTES
+
+    assert [r.name for r in ROUTES] == [FUSED, FLEX, RECOMPUTED, PROBABILITIES, MASKED]
+    assert [r.name for r in ROUTES if r.trains_on("cpu")] == [FUSED, RECOMPUTED, PROBABILITIES, MASKED]
+    assert [r.name for r in ROUTES if r.trains_on("cuda")] == [FUSED, FLEX, PROBABILITIES, MASKED]
+    for name, serving in (("none", [FUSED, PROBABILITIES]), ("shaw", [RECOMPUTED, PROBABILITIES]),
+                          ("alibi", [FLEX, RECOMPUTED, PROBABILITIES, MASKED])):
+        sch = factory(name)(d_model=D, n_heads=H, max_len=32, causal=True)
+        assert [r.name for r in ROUTES if r.serves(sch)] == serving, name
+
+
+class _Long(torch.autograd.Function):
+    """The identity forward; a backward that raises with a message of 300 characters."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("a long reason " + "x" * 286)
+
+
+def test_the_probes_gradient_check_skips_what_the_float_mask_route_does_not_train_and_cuts_long_reasons():
+    """A parameter the float-mask route's output does not reach (``a`` here, first in order) has
+    nothing to be held to: the check goes on to the next (``b``, whose planted backward is 1.5 x);
+    a parameter neither route reaches is no error; a failing backward's reason is cut at 200
+    characters."""
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.arange(3.0))
+
+    sch = Two()
+    g = torch.Generator().manual_seed(0)
+
+    def want():
+        return (sch.b * 2).softmax(-1)
+
+    assert flex_gates.probe_gradients(sch, _Scaled.apply(want(), 1.5), want(), 1e-3, g) == (
+        "the gradient of parameter b differs from the float-mask route's by 5.0e-01 (relative)")
+    assert flex_gates.probe_gradients(sch, _Scaled.apply(want(), 1.0), want(), 1e-3, g) is None
+    reason = flex_gates.probe_gradients(sch, _Long.apply(want()), want(), 1e-3, g)
+    assert reason == "its backward failed: RuntimeError: " + ("a long reason " + "x" * 286)[:200]
+
+
+def test_relative_errors_below_a_norm_of_one():
+    """The relative error of a small reference is over its own norm, not over 1: ||(0, 0.1)|| /
+    ||(0.3, 0.4)|| = 0.2, and with a floor above that norm, over the floor."""
+    t = torch.tensor
+    assert flex_gates.relative_error(t([0.3, 0.5]), t([0.3, 0.4])) == pytest.approx(0.2)
+    assert flex_gates.relative_error(t([0.3, 0.5]), t([0.3, 0.4]), floor=0.8) == pytest.approx(0.125)
+
+
+def test_the_kernel_is_handed_the_block_mask_of_the_call_and_its_scale(fresh_flex_route, monkeypatch):
+    """What FlexAttention gets from the route for a causal layer of T5 at 13 positions: q, k and v
+    of the call, the scheme's score function, a block mask of 13 x 13 queries and keys, and the
+    scheme's logit scale; on the CPU the kernel is torch's ``flex_attention`` (here the dense
+    stand-in put in its place), on CUDA the compiled one."""
+    import torch.nn.attention.flex_attention as torch_flex
+
+    import posenc.attention.flex_kernel as flex_kernel
+
+    seen = []
+
+    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
+        seen.append((q.shape, k.shape, v.shape, score_mod is not None, block_mask.seq_lengths, scale))
+        return dense_flex(q, k, v, score_mod, block_mask, scale)
+
+    monkeypatch.setattr(torch_flex, "flex_attention", kernel)
+    monkeypatch.setattr(flex_gates, "_setting", ["flex"])
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of("t5_bias", True, {}, max_len=32), True).eval()
+    h, pos = torch.randn(2, 13, D), torch.arange(13)
+    with torch.no_grad():
+        y = attn(h, pos)
+    torch.testing.assert_close(y, dense_attention(attn, h, pos), atol=2e-5, rtol=2e-5)
+    dh = D // H
+    assert seen == [((2, H, 13, dh), (2, H, 13, dh), (2, H, 13, dh), True, (13, 13), attn.scheme.logit_scale())]
+    assert flex_kernel.flex_kernel(torch.device("cpu")) is kernel
+    monkeypatch.setattr(flex_kernel, "compiled_flex", lambda: "compiled")
+    assert flex_kernel.flex_kernel(torch.device("cuda")) == "compiled"
+
+
+def test_inside_a_compiled_model_the_kernel_is_called_as_it_is_outside(fresh_flex_route, monkeypatch):
+    """Inside a model compiled whole (``torch.compiler.is_compiling()``, here set) the route calls
+    the kernel with the same arguments, outside the recompilation limit's guard (the model's
+    compilation holds it): the same output as outside, for a scheme with factors (TUPE) and one
+    with a table (T5), causal and not."""
+    use_kernel(monkeypatch, dense_flex)
+    torch.manual_seed(0)
+    for name, causal in (("tupe", True), ("t5_bias", False)):
+        attn = Attention(D, H, scheme_of(name, causal, {}, max_len=64), causal).eval()
+        h, pos = torch.randn(2, 11, D), torch.arange(11)
+        with torch.no_grad():
+            outside = attn(h, pos)
+            with monkeypatch.context() as m:
+                m.setattr(torch.compiler, "is_compiling", lambda: True)
+                q, k, v = (torch.randn(2, H, 11, D // H) for _ in range(3))
+                parts = flex_parts(attn.scheme, pos)
+                inside = flex_attend(q, k, v, parts, causal, 0.3)
+            want = flex_attend(q, k, v, parts, causal, 0.3)
+        torch.testing.assert_close(inside, want, atol=0, rtol=0)
+        torch.testing.assert_close(outside, dense_attention(attn, h, pos), atol=2e-5, rtol=2e-5)
+
+
+def test_a_kernel_past_its_recompile_limit_sends_every_later_call_to_the_float_mask_routes(fresh_flex_route,
+                                                                                            monkeypatch):
+    """A kernel that raises ``RecompileLimitHit`` (here planted): one warning naming the scheme and
+    the limit, the call on a float-mask route (the dense formula's output), the reason kept as the
+    route's refusal, and every later call, of any scheme, planned off the route at once."""
+    from posenc.compiling import RecompileLimitHit
+
+    def kernel(*a, **kw):
+        raise RecompileLimitHit("a limit of 1 compiled graphs")
+
+    use_kernel(monkeypatch, kernel)
+    torch.manual_seed(0)
+    model = perturbed_model("t5_bias", True, {}, max_len=64)
+    idx = torch.randint(0, V, (2, 24))
+    with torch.no_grad():
+        with pytest.warns(FlexFallback, match="^T5Bias and every scheme after it take the float-mask routes from here "
+                                              "on, not FlexAttention: a limit of 1 compiled graphs$"):
+            y = model(idx)
+        torch.testing.assert_close(y, dense_model(model, idx, torch.arange(24)), atol=5e-5, rtol=5e-5)
+        assert FLEX_ROUTE.refused == "a limit of 1 compiled graphs"
+        alibi = Attention(D, H, scheme_of("alibi", True, {}, max_len=64), True)
+        assert alibi.route(torch.zeros(1, 8, D), torch.arange(8)) != FLEX
+
+
+def test_a_long_failure_is_cut_at_200_characters_in_the_reason(fresh_flex_route, monkeypatch):
+    """A kernel whose failure says more than 200 characters: the probe's reason, and the reason a
+    kind of call keeps when the kernel fails later, are its type and the first 200 characters."""
+    long = "a long reason " + "x" * 286
+
+    def kernel(q, k, v, score_mod=None, block_mask=None, scale=None):
+        if q.shape[-2] != 24:
+            return dense_flex(q, k, v, score_mod, block_mask, scale)
+        raise ValueError(long)
+
+    use_kernel(monkeypatch, kernel, setting="auto")
+    monkeypatch.setattr(flex_module, "device_gate", lambda device, qk, v: None)
+    torch.manual_seed(0)
+    model = perturbed_model("t5_bias", True, {}, max_len=64)
+    with torch.no_grad(), pytest.warns(FlexFallback):
+        model(torch.randint(0, V, (2, 24)))
+    wrapped = f"the flex route (FlexAttention on cpu) failed: ValueError: {long}; attention.route=masked sends " \
+              "every scheme to the float-mask routes"
+    (reason,) = FLEX_ROUTE.verdicts.values()
+    assert reason == "RuntimeError: " + wrapped[:200]
+    FLEX_ROUTE.reset()
+
+    def raising(q, k, v, score_mod=None, block_mask=None, scale=None):
+        raise ValueError(long)
+
+    use_kernel(monkeypatch, raising, setting="auto")
+    attn = Attention(D, H, scheme_of("t5_bias", True, {}, max_len=256), True)
+    assert FLEX_ROUTE.probe(attn, torch.zeros(1, 4, D), torch.arange(1)) == "RuntimeError: " + wrapped[:200]
+
+
+class _RotatedALiBi(ALiBi):
+    """ALiBi with queries and keys scaled by their positions (a rotation of one's own that reads
+    them), so the flex route must hand ``rotate`` the call's positions."""
+
+    def rotate(self, q, k, q_pos, k_pos):
+        return q * (1 + 0.01 * q_pos[:, None]).to(q.dtype), k * (1 - 0.01 * k_pos[:, None]).to(k.dtype)
+
+
+class _KeyScore(PositionalScheme):
+    """A content bias that reads the keys alone, k_j · w, in the low-rank form the flex route
+    appends to q and k: a = 1 / scale (one dimension), b = k_j · w."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.w = torch.nn.Parameter(torch.randn(self.head_dim))
+
+    def content_bias(self, q, k, q_pos, k_pos):
+        return (k @ self.w.to(k.dtype))[..., None, :].expand(*k.shape[:-2], q.shape[-2], k.shape[-2])
+
+    def content_factors(self, q, k, q_pos, k_pos):
+        a = torch.full((*q.shape[:-1], 1), 1 / self.logit_scale(), dtype=q.dtype)
+        return a, (k @ self.w.to(k.dtype))[..., None]
+
+
+@pytest.mark.parametrize("kind", [_RotatedALiBi, _KeyScore])
+def test_schemes_of_ones_own_that_rotate_or_read_the_keys_on_the_flex_route(kind, fresh_flex_route, monkeypatch):
+    """A position-only scheme whose rotation reads the positions, and a content bias that reads
+    the keys in a low-rank form: on the flex route (``dense_flex`` as the kernel) a layer gives
+    the dense formula's output and gradients, and the probe passes with gradients on and off."""
+    use_kernel(monkeypatch, dense_flex)
+    torch.manual_seed(0)
+    attn = Attention(D, H, kind(d_model=D, n_heads=H, max_len=256, causal=True), True).train()
+    h, pos = torch.randn(2, 13, D, requires_grad=True), torch.arange(13) + 5
+    assert plan_attention([attn], h, pos).name == FLEX
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            assert FLEX_ROUTE.probe(attn, torch.zeros(1, 4, D), torch.arange(1)) is None

@@ -1101,6 +1101,10 @@ def test_pieces_segments_of_non_increasing_rows():
     assert got.dtype == torch.int32
     assert torch.equal(got.long(), torch.searchsorted(order, x))
     assert torch.equal(_Pieces.segments(x, order, False).long(), torch.searchsorted(order, x))
+    # every path gives int32: rows searched entry by entry, one row, a stack of rows, no entry at all
+    for y, flag in ((x, False), (x[0], True), (x[None], True), (x[:, :0], True), (x[:1, :1], True)):
+        got = _Pieces.segments(y, order, flag)
+        assert got.dtype == torch.int32 and torch.equal(got.long(), torch.searchsorted(order, y)), (y.shape, flag)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -1705,3 +1709,42 @@ def test_tiny_model_trains_on_real_text(name, shakespeare):
         gain = F.cross_entropy(model(replaced)[:, -1].float(), nxt).item() - intact
     assert held_loss < unigram - 0.5, f"{name}: held-out loss {held_loss:.3f}, unigram {unigram:.3f}"
     assert gain > 0.05, f"{name}: the earlier bytes lower the loss by {gain:.3f} nats only (held-out {held_loss:.3f})"
+
+
+def test_the_rotation_takes_its_compiled_kernel_where_one_runs_and_turns_eager_once_past_the_limit(monkeypatch):
+    """``rotate_pairs`` on a device whose rotation runs compiled (here the CPU, with a stand-in
+    for the compiled kernel that records its call and rotates eagerly): the kernel gets x, cos
+    and sin and its result is returned; a kernel past its recompilation limit warns once with
+    the reason, which is kept, and every later rotation runs eagerly, the same values."""
+    import warnings
+
+    from posenc.compiling import RecompileLimitHit
+    from posenc.encodings import rotary
+
+    calls = []
+
+    def kernel(x, cos, sin):
+        calls.append((x, cos, sin))
+        return rotary._rotate(x, cos, sin)
+
+    def past_limit(x, cos, sin):
+        raise RecompileLimitHit("a limit of 8 compiled graphs")
+
+    monkeypatch.setattr(rotary, "COMPILED_ON", ("cpu",))
+    monkeypatch.setattr(rotary, "_EAGER", [])
+    monkeypatch.setattr(rotary, "_rotate_compiled", lambda: kernel)
+    torch.manual_seed(0)
+    x, angles = torch.randn(2, 3, 5, 10), torch.randn(5, 4)
+    want = rotary._rotate(x, angles.cos(), angles.sin())
+    assert torch.equal(rotary.rotate_pairs(x, angles), want)
+    ((got_x, cos, sin),) = calls
+    assert got_x is x and torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+    monkeypatch.setattr(rotary, "_rotate_compiled", lambda: past_limit)
+    with pytest.warns(UserWarning, match="^the compiled rotation runs eagerly from here on: a limit of 8 compiled graphs$"):
+        assert torch.equal(rotary.rotate_pairs(x, angles), want)
+    assert rotary._EAGER == ["a limit of 8 compiled graphs"]
+    monkeypatch.setattr(rotary, "_rotate_compiled", lambda: kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(rotary.rotate_pairs(x, angles), want)
+    assert len(calls) == 1

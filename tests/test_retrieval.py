@@ -1021,7 +1021,8 @@ def test_draw_at_given_depths_puts_each_needle_where_its_depth_says():
 # ------------------------------------------------------------------ a trained run's cells
 @pytest.fixture(scope="module")
 def scored_run(tmp_path_factory, data_root, cache_dir):
-    """A retrieval run (ALiBi, 32-token windows) trained 2 steps, with its own MLflow store."""
+    """A retrieval run (ALiBi, 32-token windows, needles of 4 digits) trained 2 steps, with its own
+    MLflow store."""
     from posenc.config import compose
     from posenc.train import train
 
@@ -1029,42 +1030,52 @@ def scored_run(tmp_path_factory, data_root, cache_dir):
 
     root = tmp_path_factory.mktemp("scored")
     train(compose([f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}", *FAST,
-                   "task=retrieval", "encoding=alibi", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                   "task=retrieval", "task.digits=4", "encoding=alibi", "trainer.max_steps=2",
+                   "trainer.val_check_interval=2",
                    "trainer.limit_val_batches=1", "log_checkpoint=false"]))
     (run_dir,) = (root / "outputs" / "runs").iterdir()
     return SimpleNamespace(path=run_dir, uri=f"sqlite:///{root}/mlflow.db",
                            run_id=json.loads((run_dir / "run.json").read_text())["mlflow_run_id"])
 
 
-def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scored_run):
+def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scored_run, monkeypatch):
     """``score_cells`` on a trained run against the grid evaluated on the run's model and the
     split's filler directly (``evaluate_grid``, ``trial`` and ``needle_attention``): each cell's
-    trials, exact match and digit accuracy, the needle attention of its first trials (NaN where
-    none are asked for), the run's labels and the multiple of L; a cell's row is the same scored
-    alone or beside others, and ``extra`` replaces labels."""
+    trials, exact match and digit accuracy (the grid asked for the run's digits, the trial seed,
+    the trials and the device), the needle attention of its first trials (NaN where none are
+    asked for), the run's labels and the multiple of L; a cell's row is the same scored alone
+    or beside others, the validation split's filler is the default, and ``extra`` replaces
+    labels."""
     from posenc.runs import open_run, resolve_checkpoint, run_data
 
     run, module = open_run(resolve_checkpoint(scored_run.path, "last").path)
-    task = rt.Task(run_data(run.cfg, vocab_size=run.vocab_size).prepared, run.task.digits, 1)
+    assert run.task.digits == 4
+    task = rt.Task(run_data(run.cfg, vocab_size=run.vocab_size).prepared, 4, 1)
     filler = task.filler("test")
     cells = [(64, 0.0), (32, 0.5), (32, 1.0)]
     settings = {"trial_seed": 3, "trials": 6, "attention_trials": 2, "split": "test"}
+    asked, grid = [], rt.evaluate_grid
+    monkeypatch.setattr(rt, "evaluate_grid", lambda *a, **kw: asked.append((a[3:], kw)) or grid(*a, **kw))
     rows = rt.score_cells(str(scored_run.path), cells, settings)
+    assert asked == [(([L], [d]), {"digits": 4, "seed": 3, "trials": 6, "device": "cpu"}) for L, d in cells]
     assert [(r["length"], r["depth"], r["multiple"]) for r in rows] == [(64, 0.0, 2), (32, 0.5, 1), (32, 1.0, 1)]
     for (length, depth), row in zip(cells, rows):
-        (want,) = rt.evaluate_grid(module.model, filler, task.sym, [length], [depth], digits=5, seed=3, trials=6)
+        (want,) = grid(module.model, filler, task.sym, [length], [depth], digits=4, seed=3, trials=6)
         assert {k: row[k] for k in want} == pytest.approx(want, nan_ok=True)
-        idx = torch.stack([rt.trial(filler, task.sym, length, depth, 5, 3, i)[0] for i in range(2)])
-        start = round(depth * rt.Layout(length, 1, 5).filler)
-        assert row["needle_attention"] == pytest.approx(rt.needle_attention(module.model, idx, start, 6, 5))
+        idx = torch.stack([rt.trial(filler, task.sym, length, depth, 4, 3, i)[0] for i in range(2)])
+        start = round(depth * rt.Layout(length, 1, 4).filler)
+        assert row["needle_attention"] == pytest.approx(rt.needle_attention(module.model, idx, start, 5, 4))
         assert (row["scheme"], row["extension"], row["seed"], row["train_len"], row["run_id"]) == (
             "alibi", "", 0, 32, scored_run.run_id)
     alone = rt.score_cells(str(scored_run.path), cells[1:2], settings)
     assert alone == [pytest.approx(rows[1], nan_ok=True)]
     validation = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "split": "validation"})
-    (want,) = rt.evaluate_grid(module.model, task.filler("validation"), task.sym, [32], [0.5], digits=5, seed=3,
-                               trials=6)
-    assert validation[0]["exact_match"] == pytest.approx(want["exact_match"])
+    idx = torch.stack([rt.trial(task.filler("validation"), task.sym, 32, 0.5, 4, 3, i)[0] for i in range(2)])
+    start = round(0.5 * rt.Layout(32, 1, 4).filler)
+    assert validation[0]["needle_attention"] == pytest.approx(rt.needle_attention(module.model, idx, start, 5, 4))
+    assert validation[0]["needle_attention"] != pytest.approx(rows[1]["needle_attention"])
+    default = {k: v for k, v in settings.items() if k != "split"}
+    assert rt.score_cells(str(scored_run.path), cells[1:2], default) == [pytest.approx(validation[0], nan_ok=True)]
     none = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "attention_trials": 0},
                           extra={"scheme": "alibi+ft", "extension": "x"})
     assert math.isnan(none[0]["needle_attention"]) and (none[0]["scheme"], none[0]["extension"]) == ("alibi+ft", "x")
@@ -1072,12 +1083,12 @@ def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scor
         {k: v for k, v in rows[1].items() if k not in ("needle_attention", "scheme", "extension")})
 
 
-def _grid_rows(run_id, scheme="alibi", seed=0):
-    """Hand-made grid rows (L = 16), out of order: exact match 1 and 0 at L, 0.5 and NaN (a
+def _finished_rows(run_id, scheme="alibi", seed=0):
+    """Hand-made grid rows (L = 16), out of order: exact match 1 and 0.5 at L, 0.5 and NaN (a
     length past the table) at 2L."""
     base = {"scheme": scheme, "extension": "", "seed": seed, "train_len": 16, "run_id": run_id, "trials": 4,
             "needle_attention": 0.5, "note": ""}
-    cells = [(32, 0.5, 2, 0.5, 0.75), (16, 1.0, 1, 0.0, 0.5), (32, 0.0, 2, math.nan, math.nan), (16, 0.0, 1, 1.0, 1.0)]
+    cells = [(32, 0.5, 2, 0.5, 0.75), (16, 1.0, 1, 0.5, 0.5), (32, 0.0, 2, math.nan, math.nan), (16, 0.0, 1, 1.0, 1.0)]
     return [{**base, "length": L, "depth": d, "multiple": m, "exact_match": e, "digit_acc": a}
             for L, d, m, e, a in cells]
 
@@ -1086,8 +1097,9 @@ def test_a_finished_grid_is_sorted_written_beside_the_run_and_logged_at_step_len
     """``finish_grid``: rows sorted by (length, depth), written to ``retrieval[-rule].csv`` in the
     run folder, the means over depths (NaN left out) logged to the run's MLflow run at step =
     length under ``retrieval/<metric>[_rule]``, the file under the run's ``retrieval/``
-    artifacts, and the line of progress with the exact match at L; a grid of no MLflow run is
-    written, and logged nowhere."""
+    artifacts, and the line of progress with the exact match at L; a grid scored plain logs
+    ``retrieval/<metric>``; a grid of one cell is whole; a grid of no MLflow run is written,
+    and logged nowhere."""
     import shutil
 
     import mlflow
@@ -1098,15 +1110,21 @@ def test_a_finished_grid_is_sorted_written_beside_the_run_and_logged_at_step_len
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("grids")).info.run_id
     (tmp_path / "run").mkdir()
-    rows, line = rt.finish_grid(_grid_rows(run_id), uri, str(tmp_path / "run"), "yarn")
+    rows, line = rt.finish_grid(_finished_rows(run_id), uri, str(tmp_path / "run"), "yarn")
     assert [(r["length"], r["depth"]) for r in rows] == [(16, 0.0), (16, 1.0), (32, 0.0), (32, 0.5)]
-    assert line == "alibi s0 retrieval grid: exact match at L 50.0%"
+    assert line == "alibi s0 retrieval grid: exact match at L 75.0%"
     written = pd.read_csv(tmp_path / "run" / "retrieval-yarn.csv")
     assert list(zip(written["length"], written["depth"])) == [(16, 0.0), (16, 1.0), (32, 0.0), (32, 0.5)]
-    for key, want in (("exact_match", [(16, 0.5), (32, 0.5)]), ("digit_acc", [(16, 0.75), (32, 0.75)])):
+    for key, want in (("exact_match", [(16, 0.75), (32, 0.5)]), ("digit_acc", [(16, 0.75), (32, 0.75)])):
         hist = client.get_metric_history(run_id, f"retrieval/{key}_yarn")
         assert sorted((h.step, h.value) for h in hist) == want
     assert [a.path for a in client.list_artifacts(run_id, "retrieval")] == ["retrieval/retrieval-yarn.csv"]
-    rows, line = rt.finish_grid(_grid_rows(None, "rope", 2)[::-1], uri, str(tmp_path / "run"))
-    assert line == "rope s2 retrieval grid: exact match at L 50.0%" and (tmp_path / "run" / "retrieval.csv").is_file()
-    assert client.get_metric_history(run_id, "retrieval/exact_match") == []
+    plain = client.create_run(client.get_run(run_id).info.experiment_id).info.run_id
+    rt.finish_grid(_finished_rows(plain), uri, str(tmp_path / "run"))
+    assert sorted((h.step, h.value) for h in client.get_metric_history(plain, "retrieval/exact_match")) == [
+        (16, 0.75), (32, 0.5)]
+    assert [a.path for a in client.list_artifacts(plain, "retrieval")] == ["retrieval/retrieval.csv"]
+    (one,) = [r for r in _finished_rows(None, "rope", 2) if r["depth"] == 1.0]
+    rows, line = rt.finish_grid([one], uri, str(tmp_path / "one"))
+    assert rows == [one] and line == "rope s2 retrieval grid: exact match at L 50.0%"
+    assert (tmp_path / "one" / "retrieval.csv").is_file() and client.get_metric_history(run_id, "retrieval/exact_match") == []

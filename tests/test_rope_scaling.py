@@ -212,17 +212,22 @@ def test_bad_settings_raise(overrides, match):
         build(**overrides)
 
 
+@pytest.mark.parametrize("s", [1.0, 1.5, 2.0])
+def test_every_fixed_factor_of_at_least_1_is_taken(s):
+    assert build(scaling="pi", original_len=L, factor=s).factor == s
+
+
 def test_ntk_needs_more_than_one_pair():
     with pytest.raises(ValueError, match="ntk"):
         factory(scaling="ntk", original_len=L, fraction=1 / 16)(d_model=D, n_heads=H)
 
 
+@pytest.mark.parametrize("s", [1.0, 4.0])
 @pytest.mark.parametrize("T", [L // 2, L, 3 * L])
-def test_static_pi_is_plain_rope_at_positions_divided_by_its_factor_at_every_length(T):
+def test_static_pi_is_plain_rope_at_positions_divided_by_its_factor_at_every_length(T, s):
     """Chen et al.'s position interpolation with a fixed factor s (their f'(x, m) = f(x, m L / L'),
     section 2.2): the rotation at position m is plain RoPE's at m / s, within L as past it; and
-    its frequencies are transformers' "linear" rule at that factor, whatever T."""
-    s = 4.0
+    its frequencies are transformers' "linear" rule at that factor, whatever T; at 1, plain RoPE."""
     static, plain = build(scaling="pi", original_len=L, factor=s), build()
     pos = torch.arange(T)
     q, k = torch.randn(2, H, T, D // H), torch.randn(2, H, T, D // H)

@@ -175,8 +175,7 @@ def test_welch_power_is_within_2_points_of_a_simulation_of_the_test(df, var, n):
     """The power ``welch_power`` states against SciPy's Welch test run on 20,000 independent
     draws, at the Welch degrees of freedom 2, 3, 5, 10 and 20 (the last both simulated, 11 a side,
     and from the noncentral t, 21 a side), at the level of one test and of a family of 15, at
-    the difference it calls detectable with 80% power and at half of it: within 2 points; and
-    where it is simulated, ``simulated_power`` (the power at one difference) gives the same."""
+    the difference it calls detectable with 80% power and at half of it: within 2 points."""
     assert _welch_df(var, n) == pytest.approx(df, abs=0.05)
     for alpha in (0.05, 0.05 / 15):
         test = {"p": 0.5, "var": list(var), "n": list(n), "scale": "points"}
@@ -184,9 +183,23 @@ def test_welch_power_is_within_2_points_of_a_simulation_of_the_test(df, var, n):
         for delta in (d, d / 2):
             got = stats.welch_power(delta, var, n, alpha)
             assert got == pytest.approx(_simulated_rejections(delta, var, n, alpha), abs=0.02), (df, alpha, delta)
-            if min(n) < stats.SIMULATE_BELOW:  # the simulated power, asked for one difference, is the same
-                assert stats.simulated_power(delta, var, n, alpha) == got
         assert stats.welch_power(d, var, n, alpha) == pytest.approx(stats.POWER, abs=1e-3)
+
+
+@pytest.mark.parametrize("var,n", [((1.0, 1e-4), (3, 3)), ((1.0, 1.0), (6, 6)), ((0.5, 2.0), (4, 7))])
+def test_the_simulated_power_at_one_difference_is_welch_powers_where_it_simulates(var, n):
+    """``simulated_power`` (the power at one difference, from the simulated draws) is
+    ``welch_power``'s (checked against SciPy's test on independent draws above) wherever Welch's
+    power is simulated (fewer than ``SIMULATE_BELOW`` seeds a side), at the level of one test
+    and of a family of 15, at no difference (the level itself, about), at the detectable one
+    and at half of it."""
+    assert min(n) < stats.SIMULATE_BELOW
+    for alpha in (0.05, 0.05 / 15):
+        d = stats.detectable({"p": 0.5, "var": list(var), "n": list(n), "scale": "points"}, alpha)
+        for delta in (0.0, d / 2, d):
+            assert stats.simulated_power(delta, var, n, alpha) == stats.welch_power(delta, var, n, alpha)
+        assert stats.simulated_power(0.0, var, n, alpha) == pytest.approx(alpha, abs=0.01)
+        assert stats.simulated_power(d, var, n, alpha) == pytest.approx(stats.POWER, abs=1e-3)
 
 
 def test_a_tail_scipy_cannot_evaluate_counts_as_zero_not_one():
@@ -372,3 +385,142 @@ def test_mean_sd_is_the_sample_sd():
     assert stats.mean_sd([5.0]) == (5.0, 0.0)
     m, sd = stats.mean_sd([1.0, 3.0])
     assert m == 2.0 and sd == pytest.approx(2**0.5)
+
+
+# ------------------------------------------------------------------ cells, seeds and families on stated tests
+def test_every_cell_a_table_prints_for_a_stated_test():
+    """The cells of tests whose fields are stated (not computed): the difference with its interval
+    in points and as a factor, the p-values, and each kind of verdict cell word for word: behind
+    within the margin and paired, equivalent with its margin, undecided with what it detects
+    (points below and at 100, a factor below and above 2), and no test."""
+    pts = {"scale": "points", "diff": 0.123, "ci": [-0.05, 0.296], "p": 0.2, "p_adj": 0.4, "margin": 0.02,
+           "verdict": stats.UNDECIDED, "detectable": 0.29, "within_margin": False}
+    assert stats.comparison_cells(pts) == ["+12.3 pt (-5.0, +29.6)", "0.200", "0.400", "undecided (detects 29 pt)"]
+    log = {"scale": "log", "diff": 1.234, "ci": [1.1, 1.4], "p": 0.0004, "p_adj": 0.0012, "margin": 0.05,
+           "verdict": stats.BEHIND, "within_margin": True, "paired": True}
+    assert stats.comparison_cells(log) == ["×1.234 (1.100, 1.400)", "4.0e-04", "0.001", "behind, within ±5%, paired"]
+    assert stats.verdict_cell({**log, "within_margin": False, "paired": False}) == "behind"
+    assert stats.verdict_cell({**log, "verdict": stats.EQUIVALENT}) == "equivalent (±5%), paired"
+    assert stats.verdict_cell({**pts, "verdict": stats.EQUIVALENT}) == "equivalent (±2.0 pt)"
+    assert stats.verdict_cell({**pts, "verdict": stats.UNTESTED}) == "—" and stats.verdict_cell(None) == "—"
+    cells = {(s, d): stats.detectable_cell({"scale": s, "detectable": d})
+             for s, d in (("points", 0.29), ("points", 0.999), ("points", 1.0), ("points", 1.5), ("log", 1.7),
+                          ("log", 2.5), ("log", None))}
+    assert cells == {("points", 0.29): "detects 29 pt", ("points", 0.999): "detects 100 pt",
+                     ("points", 1.0): "detects no gap in range", ("points", 1.5): "detects no gap in range",
+                     ("log", 1.7): "detects ×1.70", ("log", 2.5): "detects ×2.50", ("log", None): "no test"}
+    assert stats.shown_diff(pts, 0.5) == "+50.0 pt" and stats.shown_diff(log, 2.0) == "×2.000"
+
+
+def test_a_comparison_without_a_test_has_every_field_and_says_why():
+    """One seed on a side: every field of a test present, the test's own None, the note word for
+    word; no seed on one side, or a margin that is not positive, is refused."""
+    out = stats.compare([0.5], [0.4, 0.6], margin=0.1)
+    assert out == {"diff": pytest.approx(0.0), "scale": "points", "margin": 0.1, "n": [1, 2], "paired": False,
+                   "ci": None, "t": None, "df": None, "p": None, "p_equiv": None, "var": None,
+                   "note": "one seed on a side: no test"}
+    for a, b in (([], [1.0, 2.0]), ([1.0, 2.0], [])):
+        with pytest.raises(ValueError, match="at least one seed on each side"):
+            stats.compare(a, b)
+    with pytest.raises(ValueError, match="must be positive, got 0"):
+        stats.compare([0.1, 0.2], [0.3, 0.4], margin=0)
+
+
+def _welch(diff, var=(0.01, 0.01), n=(3, 3), scale="points", p=0.5):
+    return {"diff": diff, "var": list(var), "n": list(n), "scale": scale, "p": p}
+
+
+def test_seeds_needed_is_the_fewest_seeds_whose_power_reaches_80_percent():
+    """``seeds_needed`` against its definition scanned here: the fewest seeds a side (from 2) at
+    which the power at the observed difference (on the test's scale: the log of a factor) is
+    80% or more, the one before it short; ``most`` + 1 (201 by default) where none up to ``most``
+    is; None for no difference or no test."""
+    alpha = 0.05 / 3
+
+    def scanned(t):
+        d = abs(math.log(t["diff"])) if t["scale"] == "log" else abs(t["diff"])
+        return next(k for k in range(2, 400) if stats.power_function(t, alpha, n=k)(d) >= stats.POWER)
+
+    for t in (_welch(0.15), _welch(1.2, var=(0.02, 0.02), scale="log"), _welch(0.08, var=(0.01, 0.02), n=(4, 3))):
+        k = scanned(t)
+        assert 3 <= k <= 100 and stats.seeds_needed(t, alpha) == k
+        assert stats.power_function(t, alpha, n=k - 1)(abs(stats._on_scale(t["diff"], t["scale"]))) < stats.POWER
+        assert stats.seeds_needed(t, alpha, most=k) == k and stats.seeds_needed(t, alpha, most=k - 1) == k
+        assert stats.seeds_needed(t, alpha, most=k - 2) == k - 1
+    assert stats.seeds_needed(_welch(5.0), alpha) == 2  # a gap of 50 standard deviations: the fewest tested
+    assert stats.seeds_needed(_welch(1e-4), alpha) == 201 and stats.seeds_needed(_welch(1e-4), alpha, most=3) == 4
+    assert stats.seeds_needed(_welch(0.0), alpha) is None and stats.seeds_needed(_welch(1.0, scale="log"), alpha) is None
+    assert stats.seeds_needed(_welch(0.15, p=None), alpha) is None
+
+
+def test_the_verdict_at_the_edges_of_its_rules():
+    """By default higher is better; a difference of no size is never ahead; an equivalence p at the
+    level is not below it (undecided)."""
+    assert stats.verdict({"p": 0.01, "diff": 0.1, "scale": "points"}) == stats.AHEAD
+    assert stats.verdict({"p": 0.01, "diff": 0.0, "scale": "points"}) == stats.BEHIND
+    assert stats.verdict({"p": 0.01, "diff": 1.0, "scale": "log"}) == stats.BEHIND
+    assert stats.verdict({"p": 0.5, "p_equiv": 0.05, "diff": 0.1, "scale": "points"}) == stats.UNDECIDED
+    assert stats.verdict({"p": 0.5, "p_equiv": 0.0499, "diff": 0.1, "scale": "points"}) == stats.EQUIVALENT
+
+
+def test_a_family_of_one_uses_its_level_a_tests_own_direction_and_its_own_alpha():
+    """A family of one test: Holm's strictest level is alpha itself (what it detects is
+    ``detectable`` at alpha); a test that carries ``higher_is_better`` keeps it against the
+    family's; the family's alpha decides the verdict (p = 0.03: ahead at 0.05, undecided at
+    0.01); an equivalence p at alpha is not within the margin (False, not None); a decided test
+    needs no more seeds."""
+    t = _welch(0.15, p=0.03) | {"p_equiv": 0.05}
+    (one,) = stats.family({"a": t}).values()
+    assert one["m"] == 1 and one["detectable"] == stats.detectable(one, stats.ALPHA)
+    assert one["verdict"] == stats.AHEAD and one["within_margin"] is False and one["seeds_needed"] is None
+    (own,) = stats.family({"a": t | {"higher_is_better": False}}).values()
+    assert own["verdict"] == stats.BEHIND and own["higher_is_better"] is False
+    (strict,) = stats.family({"a": t}, alpha=0.01).values()
+    assert strict["verdict"] == stats.UNDECIDED and strict["seeds_needed"] == stats.seeds_needed(strict, 0.01)
+    samples = {"ref": [0.50, 0.52, 0.48], "a": [0.55, 0.58, 0.56]}
+    p = stats.compare(samples["a"], samples["ref"])["p"]
+    assert 0.01 < p < 0.05
+    assert stats.against(samples, "ref")["a"]["verdict"] == stats.AHEAD
+    assert stats.against(samples, "ref", alpha=0.01)["a"]["verdict"] == stats.UNDECIDED
+
+
+def test_places_by_direction():
+    """Place 1 is the highest mean when higher is better, the lowest otherwise, for one table of
+    means and for each row of an array of them; ``rank_intervals`` ranks higher first by default."""
+    assert stats.places({"a": 1.0, "b": 2.0, "c": 2.0}, True) == {"a": 3, "b": 1, "c": 1}
+    assert stats.places({"a": 1.0, "b": 2.0, "c": 2.0}, False) == {"a": 1, "b": 2, "c": 2}
+    rows = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 2.0]])
+    assert stats.place_rows(rows, True).tolist() == [[3, 2, 1], [1, 3, 2]]
+    assert stats.place_rows(rows, False).tolist() == [[1, 2, 3], [3, 1, 2]]
+    ranked = stats.rank_intervals({"low": [1.0, 1.1, 0.9], "high": [5.0, 5.1, 4.9]}, resamples=50)
+    assert ranked == {"high": {"place": 1, "lo": 1, "hi": 1, "mean": pytest.approx(5.0)},
+                      "low": {"place": 2, "lo": 2, "hi": 2, "mean": pytest.approx(1.0)}}
+    assert list(ranked) == ["high", "low"]
+
+
+def _share_of_draws(samples, lead, trail, seed=stats.SEED, draws=stats.RESAMPLES):
+    """An independent bootstrap: with the generator ``rank_intervals`` uses, each scheme's seeds
+    redrawn in turn per draw; the share of draws whose mean of ``lead`` is above ``trail``'s."""
+    rng = np.random.default_rng(seed)
+    above = 0
+    for _ in range(draws):
+        means = {k: float(np.mean(np.asarray(v)[rng.integers(0, len(v), len(v))])) for k, v in samples.items()}
+        above += means[lead] > means[trail]
+    return above / draws
+
+
+def test_a_rank_interval_spans_the_places_of_the_middle_95_percent_of_draws():
+    """The interval is the 2.5th to the 97.5th percentile of the places over the bootstrap draws:
+    x = (0, 0, 10) leads a single seed at 7 only where all three redrawn seeds are 10 (1/27 of
+    draws in theory; 3.15% of the 2,000 seeded draws, counted here by an independent loop):
+    more than 2.5%, so x's interval reaches place 1 (at the 3.5th percentile it would not);
+    y = (0, 0, 10, 10, 10, 10, 10) trails a single seed at 3 in 2.25% of the draws: less than
+    2.5%, so y's interval stays at place 1 (at the 98.5th it would reach 2)."""
+    xs = {"f": [7.0], "x": [0.0, 0.0, 10.0]}
+    assert 0.025 < _share_of_draws(xs, "x", "f") < 0.035
+    assert stats.rank_intervals(xs) == {"f": {"place": 1, "lo": 1, "hi": 2, "mean": 7.0},
+                                        "x": {"place": 2, "lo": 1, "hi": 2, "mean": pytest.approx(10 / 3)}}
+    ys = {"f": [3.0], "y": [0.0, 0.0] + [10.0] * 5}
+    assert 0.015 < _share_of_draws(ys, "f", "y") < 0.025
+    assert stats.rank_intervals(ys) == {"y": {"place": 1, "lo": 1, "hi": 1, "mean": pytest.approx(50 / 7)},
+                                        "f": {"place": 2, "lo": 2, "hi": 2, "mean": 3.0}}
