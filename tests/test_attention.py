@@ -1237,3 +1237,26 @@ def test_schemes_of_ones_own_that_rotate_or_read_the_keys_on_the_flex_route(kind
     for grad in (True, False):
         with torch.set_grad_enabled(grad):
             assert FLEX_ROUTE.probe(attn, torch.zeros(1, 4, D), torch.arange(1)) is None
+
+
+@pytest.mark.parametrize("name", ["t5_bias", "kerple"])
+def test_the_recomputed_route_trains_under_bfloat16_autocast_with_its_blocks_in_the_calls_dtype(name):
+    """Under the CPU's bfloat16 autocast (``trainer.precision=bf16-mixed``) q and k are bfloat16
+    while the scheme's bias is float32: the recomputed route casts each block of the mask to the
+    call's dtype, forward and backward, and trains: output in bfloat16 within bfloat16's rounding
+    of the dense formula in float32, and every gradient within 3% of it (relative, of the norm)."""
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of(name, True, {}, max_len=64), True).train()
+    h, pos = torch.randn(2, 20, D, requires_grad=True), torch.arange(20)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attn.route(h, pos) == RECOMPUTED
+        y = attn(h, pos)
+    assert y.dtype == torch.bfloat16
+    ref = dense_attention(attn, h, pos)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
+    wrt = trained_layer_gradients(attn, h)
+    up = torch.randn_like(ref)
+    got = grads(y.float(), up, list(wrt.values()))
+    want = grads(ref, up, list(wrt.values()))
+    for n, a, b in zip(wrt, got, want):
+        assert flex_gates.relative_error(a, b) < 3e-2, n

@@ -1021,7 +1021,7 @@ def test_draw_at_given_depths_puts_each_needle_where_its_depth_says():
 # ------------------------------------------------------------------ a trained run's cells
 @pytest.fixture(scope="module")
 def scored_run(tmp_path_factory, data_root, cache_dir):
-    """A retrieval run (ALiBi, 32-token windows, needles of 4 digits) trained 2 steps, with its own
+    """A retrieval run (RoPE, 32-token windows, needles of 4 digits) trained 2 steps, with its own
     MLflow store."""
     from posenc.config import compose
     from posenc.train import train
@@ -1030,7 +1030,7 @@ def scored_run(tmp_path_factory, data_root, cache_dir):
 
     root = tmp_path_factory.mktemp("scored")
     train(compose([f"paths.root={root}", f"paths.data_dir={data_root}", f"paths.cache_dir={cache_dir}", *FAST,
-                   "task=retrieval", "task.digits=4", "encoding=alibi", "trainer.max_steps=2",
+                   "task=retrieval", "task.digits=4", "encoding=rope", "trainer.max_steps=2",
                    "trainer.val_check_interval=2",
                    "trainer.limit_val_batches=1", "log_checkpoint=false"]))
     (run_dir,) = (root / "outputs" / "runs").iterdir()
@@ -1044,8 +1044,8 @@ def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scor
     trials, exact match and digit accuracy (the grid asked for the run's digits, the trial seed,
     the trials and the device), the needle attention of its first trials (NaN where none are
     asked for), the run's labels and the multiple of L; a cell's row is the same scored alone
-    or beside others, the validation split's filler is the default, and ``extra`` replaces
-    labels."""
+    or beside others, the validation split's filler is the default, a zero-shot rule on the
+    lengths of another L labels its rows so, and ``extra`` replaces labels."""
     from posenc.runs import open_run, resolve_checkpoint, run_data
 
     run, module = open_run(resolve_checkpoint(scored_run.path, "last").path)
@@ -1059,6 +1059,7 @@ def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scor
     rows = rt.score_cells(str(scored_run.path), cells, settings)
     assert asked == [(([L], [d]), {"digits": 4, "seed": 3, "trials": 6, "device": "cpu"}) for L, d in cells]
     assert [(r["length"], r["depth"], r["multiple"]) for r in rows] == [(64, 0.0, 2), (32, 0.5, 1), (32, 1.0, 1)]
+    assert all(type(r["multiple"]) is int for r in rows)
     for (length, depth), row in zip(cells, rows):
         (want,) = grid(module.model, filler, task.sym, [length], [depth], digits=4, seed=3, trials=6)
         assert {k: row[k] for k in want} == pytest.approx(want, nan_ok=True)
@@ -1066,7 +1067,7 @@ def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scor
         start = round(depth * rt.Layout(length, 1, 4).filler)
         assert row["needle_attention"] == pytest.approx(rt.needle_attention(module.model, idx, start, 5, 4))
         assert (row["scheme"], row["extension"], row["seed"], row["train_len"], row["run_id"]) == (
-            "alibi", "", 0, 32, scored_run.run_id)
+            "rope", "", 0, 32, scored_run.run_id)
     alone = rt.score_cells(str(scored_run.path), cells[1:2], settings)
     assert alone == [pytest.approx(rows[1], nan_ok=True)]
     validation = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "split": "validation"})
@@ -1077,10 +1078,12 @@ def test_a_runs_cells_score_as_the_grid_does_whichever_cells_share_the_call(scor
     default = {k: v for k, v in settings.items() if k != "split"}
     assert rt.score_cells(str(scored_run.path), cells[1:2], default) == [pytest.approx(validation[0], nan_ok=True)]
     none = rt.score_cells(str(scored_run.path), cells[1:2], {**settings, "attention_trials": 0},
-                          extra={"scheme": "alibi+ft", "extension": "x"})
-    assert math.isnan(none[0]["needle_attention"]) and (none[0]["scheme"], none[0]["extension"]) == ("alibi+ft", "x")
+                          extra={"scheme": "rope+ft", "extension": "x"})
+    assert math.isnan(none[0]["needle_attention"]) and (none[0]["scheme"], none[0]["extension"]) == ("rope+ft", "x")
     assert {k: v for k, v in none[0].items() if k not in ("needle_attention", "scheme", "extension")} == pytest.approx(
         {k: v for k, v in rows[1].items() if k not in ("needle_attention", "scheme", "extension")})
+    (yarn,) = rt.score_cells(str(scored_run.path), [(64, 0.5)], settings, "yarn", 16)
+    assert (yarn["scheme"], yarn["extension"], yarn["train_len"], yarn["multiple"]) == ("rope+yarn", "yarn", 16, 4)
 
 
 def _finished_rows(run_id, scheme="alibi", seed=0):

@@ -524,3 +524,19 @@ def test_a_rank_interval_spans_the_places_of_the_middle_95_percent_of_draws():
     assert 0.015 < _share_of_draws(ys, "f", "y") < 0.025
     assert stats.rank_intervals(ys) == {"y": {"place": 1, "lo": 1, "hi": 1, "mean": pytest.approx(50 / 7)},
                                         "f": {"place": 2, "lo": 2, "hi": 2, "mean": 3.0}}
+
+
+def test_a_paired_equivalence_is_two_one_sided_paired_tests_and_no_spread_says_where():
+    """Paired TOST within ±m: the larger p of the one-sided paired tests 'a − b > −m' and
+    'a − b < m' (SciPy's ttest_rel with alternative=); an interval in points above +100 is
+    clipped at 1; with no spread the note says where (in the differences of a paired test,
+    between seeds on either side of Welch's), word for word."""
+    a, b, m = [0.50, 0.53, 0.47, 0.52], [0.49, 0.52, 0.48, 0.50], 0.03
+    lower = scipy_stats.ttest_rel(np.add(a, m), b, alternative="greater").pvalue
+    upper = scipy_stats.ttest_rel(np.subtract(a, m), b, alternative="less").pvalue
+    assert stats.compare(a, b, "points", m, paired=True)["p_equiv"] == pytest.approx(max(lower, upper))
+    high = stats.compare([0.76, 0.20, 0.46], [0.0, 0.0, 0.0])
+    raw = scipy_stats.ttest_ind([0.76, 0.20, 0.46], [0.0, 0.0, 0.0], equal_var=False).confidence_interval()
+    assert raw.high > 1.0 and high["ci"] == pytest.approx([raw.low, 1.0])
+    assert stats.compare([1.0, 1.0], [0.5, 0.5])["note"] == "no spread between seeds on either side: no test"
+    assert stats.compare([1.0, 2.0], [0.5, 1.5], paired=True)["note"] == "no spread in the differences: no test"
