@@ -28,15 +28,18 @@ def index_grids(B: int, H: int, Tq: int, Tk: int) -> tuple[Tensor, Tensor, Tenso
 def dense_flex(q, k, v, score_mod=None, block_mask=None, scale=None):
     """FlexAttention evaluated densely: the scaled logits of every pair, ``score_mod`` applied
     to index grids of batch, head, query and key, ``block_mask``'s ``mask_mod`` as -inf, softmax.
-    Autograd through it is the stand-in for the kernel's backward to q and k, which the CPU
-    kernel does not have."""
+    As the kernel does, it computes in float32 (or float64) and returns q's dtype. Autograd
+    through it is the stand-in for the kernel's backward to q and k, which the CPU kernel does not
+    have."""
+    out_dtype, acc = q.dtype, torch.promote_types(q.dtype, torch.float32)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
     s = (q @ k.transpose(-1, -2)) * scale
     b, h, qi, kv = index_grids(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
     if score_mod is not None:
         s = score_mod(s, b, h, qi, kv)
     if block_mask is not None:
         s = s.masked_fill(~block_mask.mask_mod(b, h, qi, kv), float("-inf"))
-    return s.softmax(-1) @ v
+    return (s.softmax(-1) @ v).to(out_dtype)
 
 
 def real_kernel(calls: list | None = None) -> Callable:

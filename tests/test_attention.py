@@ -919,13 +919,15 @@ def test_a_failing_probe_warns_once_and_sends_the_scheme_to_the_float_mask_route
     assert len(calls) == probed and model.attention_routes() == {"training": RECOMPUTED}
 
 
-@pytest.mark.parametrize("grad,dtype", [(True, torch.float32), (False, torch.float32), (False, torch.float64)],
-                         ids=["grad-float32", "no_grad-float32", "no_grad-float64"])
+@pytest.mark.parametrize("grad,dtype", [(True, torch.float32), (False, torch.float32), (False, torch.float64),
+                                       (False, torch.bfloat16)],
+                         ids=["grad-float32", "no_grad-float32", "no_grad-float64", "no_grad-bfloat16"])
 @pytest.mark.parametrize("name,causal,extra", FORMED)
 def test_the_probe_passes_a_kernel_that_is_right(name, causal, extra, grad, dtype, fresh_flex_route, monkeypatch):
     """The probe of every scheme whose bias has the route's form, with ``dense_flex`` as the kernel
     (right by construction: the dense formula), passes with gradients on and off in float32, and
-    for calls in float64 (q, k, v and the factors cast to the call's dtype) without gradients:
+    for calls in float64 and bfloat16 (q, k, v and the factors cast to the call's dtype) without
+    gradients:
     it finds no reason, on both of its calls, so a scheme is not sent off the route by a probe
     that is wrong. Its random inputs come from a generator of its own: the process's random
     state is untouched. (With gradients in float64 the probe holds the gradients to float64's
@@ -1260,3 +1262,20 @@ def test_the_recomputed_route_trains_under_bfloat16_autocast_with_its_blocks_in_
     want = grads(ref, up, list(wrt.values()))
     for n, a, b in zip(wrt, got, want):
         assert flex_gates.relative_error(a, b) < 3e-2, n
+
+
+@pytest.mark.parametrize("name", ["tupe", "t5_bias"])
+def test_a_bfloat16_layer_on_the_flex_route_gives_bfloat16(name, fresh_flex_route, monkeypatch):
+    """A layer held in bfloat16 (no autocast) on the flex route, ``dense_flex`` as the kernel (which
+    returns q's dtype, as FlexAttention does): TUPE's absolute factors and T5's table are cast to
+    the call's dtype, the output is bfloat16 and within bfloat16's rounding of the dense formula."""
+    use_kernel(monkeypatch, dense_flex)
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of(name, True, {}, max_len=64), True).eval().to(torch.bfloat16)
+    h, pos = torch.randn(2, 13, D, dtype=torch.bfloat16), torch.arange(13)
+    with torch.no_grad():
+        assert attn.route(h, pos) == FLEX
+        y = attn(h, pos)
+        ref = dense_attention(attn.float(), h.float(), pos)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=3e-2)
