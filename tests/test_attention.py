@@ -1279,3 +1279,114 @@ def test_a_bfloat16_layer_on_the_flex_route_gives_bfloat16(name, fresh_flex_rout
         ref = dense_attention(attn.float(), h.float(), pos)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def _tupe_with_keys(**kw):
+    """TUPE with ``_KeyScore``'s content bias besides: absolute factors and content factors both."""
+    from posenc.encodings import TUPE
+
+    class TupeWithKeys(TUPE):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.w = torch.nn.Parameter(torch.randn(self.head_dim))
+
+        content_bias = _KeyScore.content_bias
+        content_factors = _KeyScore.content_factors
+
+    return TupeWithKeys(**kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kind_of_call_a_verdict_holds_for_counts_the_appended_dimensions(dtype, fresh_flex_route):
+    """The key of a verdict: the scheme's class, the call's dtype, the q/k head dim with the
+    dimensions the route appends (the absolute factors' rank, read here at 7 positions, plus the
+    content factors', 2 per sine/cosine slot for the fixed encoding), the v head dim, causality,
+    grad mode and device."""
+    cpu = torch.device("cpu")
+    dh = D // H
+
+    def key(sch, grad=True):
+        with torch.set_grad_enabled(grad):
+            return FLEX_ROUTE.key(Attention(D, H, sch, True), dtype, cpu)
+
+    t5 = scheme_of("t5_bias", True, {}, max_len=32)
+    assert key(t5) == (type(t5), dtype, dh, dh, True, True, "cpu")
+    assert key(t5, grad=False) == (type(t5), dtype, dh, dh, True, False, "cpu")
+    tupe = scheme_of("tupe", True, {}, max_len=32)
+    r = flex_parts(tupe, torch.arange(7)).factors[0].shape[-1]
+    assert r not in (1, H) and key(tupe)[2] == dh + r
+    fixed = factory("fixed_bidirectional")(d_model=D, n_heads=H, max_len=32, causal=True)
+    assert 2 * ((dh + 1) // 2) not in (1, H) and key(fixed)[2] == dh + 2 * ((dh + 1) // 2)
+    both = _tupe_with_keys(d_model=D, n_heads=H, max_len=32, causal=True)
+    assert key(both)[2] == dh + flex_parts(both, torch.arange(7)).factors[0].shape[-1] + 1
+
+
+@pytest.mark.parametrize("positions", [[0, 1, 1, 2, 3, 3, 4, 5, 6, 7], [0, 5, 3, 4, 9, 6, 7, 8, 12, 10]],
+                         ids=["repeated", "out_of_order"])
+def test_the_masked_route_skips_later_keys_only_where_positions_increase(positions, monkeypatch):
+    """Causal attention on the masked route skips the keys after a block's last row only where
+    positions strictly increase: at repeated positions (a later key at the same position is
+    attended) and out of order (a later key at an earlier position is), a block of 2 rows at a
+    time gives the dense formula's output, with gradients on and off."""
+    monkeypatch.setattr(blocks, "FORWARD_BLOCK_ROWS", 2)
+    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of("alibi", True, {}, max_len=32), True).eval()
+    h, pos = torch.randn(2, 10, D), torch.tensor(positions)
+    assert attn.route(h, pos) == MASKED
+    ref = dense_attention(attn, h, pos)
+    torch.testing.assert_close(attn(h, pos), ref, atol=2e-5, rtol=2e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(h, pos), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_the_masked_route_rotates_at_the_calls_positions(monkeypatch):
+    """A scheme with a bias and a rotation that reads the positions (``_RotatedALiBi``) on the
+    masked route: the dense formula's output and gradients."""
+    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
+    torch.manual_seed(0)
+    attn = Attention(D, H, _RotatedALiBi(d_model=D, n_heads=H, max_len=64, causal=True), True).eval()
+    h, pos = torch.randn(2, 13, D, requires_grad=True), torch.arange(13) + 5
+    assert attn.route(h, pos) == MASKED
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
+
+def test_the_recomputed_plan_builds_a_shared_mask_without_a_graph_and_trains_under_autocast():
+    """On the recomputed route (training, CPU) the mask that T5's layers share is built without a
+    graph (the route trains the bias in its own backward, so no lookup index of T^2 entries is
+    kept), and under bfloat16 autocast each layer's backward reads it in the call's dtype: the
+    whole model trains, every gradient within 3% (relative, of the norm) of float32's."""
+    torch.manual_seed(0)
+    T = 24
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=T)
+    model = Transformer(cfg, factory("t5_bias")).train()
+    x, pos = torch.randn(1, T, D), torch.arange(T)
+    plan = plan_attention([b.attn for b in model.blocks], x, pos)
+    assert plan.route.name == RECOMPUTED
+    (mask,) = plan.masks.values()
+    assert mask.shape == (1, H, T, T) and mask.grad_fn is None and not mask.requires_grad
+    idx = torch.randint(0, V, (2, T))
+    params = [p for p in model.parameters() if p.requires_grad]
+    want = torch.autograd.grad(model(idx).sum(), params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(idx).float().sum()
+    got = torch.autograd.grad(loss, params)
+    for (n, _), a, b in zip(((n, p) for n, p in model.named_parameters() if p.requires_grad), got, want):
+        assert flex_gates.relative_error(a, b) < 3e-2, n
+
+
+def test_the_recomputed_route_rotates_at_the_calls_positions():
+    """KERPLE (a trained position-only bias) with ``_RotatedALiBi``'s rotation, in training on the
+    recomputed route: the dense formula's output and gradients (the rotation reads the call's
+    positions)."""
+    kerple = type(factory("kerple")(d_model=D, n_heads=H, max_len=64, causal=True))
+    rotated = type("RotatedKerple", (kerple,), {"rotate": _RotatedALiBi.rotate})
+    torch.manual_seed(0)
+    attn = Attention(D, H, rotated(d_model=D, n_heads=H, max_len=64, causal=True), True).train()
+    h, pos = torch.randn(2, 13, D, requires_grad=True), torch.arange(13) + 5
+    assert attn.route(h, pos) == RECOMPUTED
+    y, ref = attn(h, pos), dense_attention(attn, h, pos)
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)

@@ -540,3 +540,18 @@ def test_a_paired_equivalence_is_two_one_sided_paired_tests_and_no_spread_says_w
     assert raw.high > 1.0 and high["ci"] == pytest.approx([raw.low, 1.0])
     assert stats.compare([1.0, 1.0], [0.5, 0.5])["note"] == "no spread between seeds on either side: no test"
     assert stats.compare([1.0, 2.0], [0.5, 1.5], paired=True)["note"] == "no spread in the differences: no test"
+
+
+def test_the_power_of_a_paired_test_is_the_paired_power_with_its_own_seeds_or_others():
+    """``power_function`` of a paired comparison (``compare(paired=True)``) is ``paired_power``
+    (checked against statsmodels and a simulation above) on the differences' variance, with the
+    test's own pairs or ``n`` of them; Welch's formula is not used for it (its per-side variances
+    here would give another power)."""
+    a, b = [0.50, 0.58, 0.47, 0.56], [0.45, 0.50, 0.44, 0.49]
+    t = stats.compare(a, b, paired=True)
+    for n, k in ((None, 4), (9, 9)):
+        got = stats.power_function(t, 0.05, n)
+        for d in (0.01, 0.03):
+            assert got(d) == stats.paired_power(d, t["var_diff"], k, 0.05)
+    welch = stats.power_function({k: v for k, v in t.items() if k != "paired"}, 0.05)
+    assert welch(0.03) != pytest.approx(stats.paired_power(0.03, t["var_diff"], 4, 0.05), abs=0.05)
