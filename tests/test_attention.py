@@ -1390,3 +1390,20 @@ def test_the_recomputed_route_rotates_at_the_calls_positions():
     y, ref = attn(h, pos), dense_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
     assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
+
+
+def test_attention_route_masked_keeps_off_the_flex_route_even_where_the_gates_and_probe_pass(fresh_flex_route,
+                                                                                               monkeypatch):
+    """``attention.route=masked`` never takes the flex route, not even where ``auto`` would (the
+    gates passed, as on a GPU, and a right kernel that passes the probe): the float-mask routes,
+    without a probe."""
+    use_kernel(monkeypatch, dense_flex, setting="auto")
+    monkeypatch.setattr(flex_module, "device_gate", lambda device, qk, v: None)
+    attn = Attention(D, H, scheme_of("t5_bias", True, {}, max_len=256), True)
+    x, pos = torch.zeros(1, 8, D), torch.arange(8)
+    assert attn.route(x, pos) == FLEX
+    FLEX_ROUTE.reset()
+    monkeypatch.setattr(flex_gates, "_setting", ["masked"])
+    probes = []
+    monkeypatch.setattr(flex_module.FlexRoute, "probe", lambda self, *a: probes.append(1))
+    assert attn.route(x, pos) != FLEX and probes == []
