@@ -1407,3 +1407,62 @@ def test_attention_route_masked_keeps_off_the_flex_route_even_where_the_gates_an
     probes = []
     monkeypatch.setattr(flex_module.FlexRoute, "probe", lambda self, *a: probes.append(1))
     assert attn.route(x, pos) != FLEX and probes == []
+
+
+def test_fresh_copies_a_view_and_hands_anything_else_on():
+    """``fresh``: a view (the kernel's backward would give it no gradient) becomes a copy, equal and
+    no view, whose gradient reaches the tensor it viewed; a tensor that is no view, and None, are
+    handed on as they are; and T5's relative table, a view of its embedding's output, comes fresh
+    out of ``flex_parts``."""
+    from posenc.attention.flex_kernel import fresh
+
+    w = torch.randn(3, 4, requires_grad=True)
+    view = w.T
+    copy = fresh(view)
+    assert view._base is not None and copy._base is None and torch.equal(copy, view)
+    copy.sum().backward()
+    assert torch.equal(w.grad, torch.ones(3, 4))
+    plain = torch.randn(3)
+    assert fresh(plain) is plain and fresh(None) is None
+    sch = scheme_of("t5_bias", True, {}, max_len=32)
+    assert sch.relative_bias(torch.arange(-7, 8))._base is not None
+    assert flex_parts(sch, torch.arange(8)).table._base is None
+
+
+def test_a_scheme_with_absolute_factors_hands_the_route_no_score_function_too(monkeypatch):
+    """A scheme whose absolute part has both forms (factors, and a score function) gets the
+    factors alone on the flex route: the part is added once."""
+    sch = scheme_of("tupe", True, {}, max_len=32)
+    monkeypatch.setattr(type(sch), "absolute_score", lambda self, q_pos, k_pos: lambda h, i, j: i * 0.0 + 1.0,
+                        raising=False)
+    parts = flex_parts(sch, torch.arange(8))
+    assert parts.factors is not None and parts.score is None
+
+
+def test_a_forced_route_plans_with_the_calls_layers_input_and_positions():
+    """``forced_route`` with the masked route: the plan of T5's two layers holds the one mask they
+    share, built from the call's positions (the whole mask at those positions)."""
+    from posenc.attention.layer import ROUTES, forced_route
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_layers=2, n_heads=H, d_ff=64, max_len=32)
+    model = Transformer(cfg, factory("t5_bias")).eval()
+    layers = [b.attn for b in model.blocks]
+    x, pos = torch.randn(1, 9, D), torch.arange(9) + 3
+    with forced_route({r.name: r for r in ROUTES}[MASKED]), torch.no_grad():
+        plan = plan_attention(layers, x, pos)
+    assert plan.route.name == MASKED
+    (mask,) = plan.masks.values()
+    torch.testing.assert_close(mask, layers[0].position_mask(pos, x.dtype))
+
+
+def test_fire_in_bfloat16_takes_the_portable_path_and_gives_its_float32_bias():
+    """FIRE's bias in bfloat16 on the CPU (the compiled block kernel serves float32 and float64
+    alone): within bfloat16's rounding of the float32 bias."""
+    torch.manual_seed(0)
+    sch = scheme_of("fire", True, {}, max_len=64)
+    pos = torch.arange(40)
+    want = sch.position_bias(pos, pos)
+    got = sch.to(torch.bfloat16).position_bias(pos, pos)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
