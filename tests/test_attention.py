@@ -1466,3 +1466,65 @@ def test_fire_in_bfloat16_takes_the_portable_path_and_gives_its_float32_bias():
     got = sch.to(torch.bfloat16).position_bias(pos, pos)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("name,causal,extra", POSITION_ONLY)
+def test_a_position_bias_at_any_positions_is_the_whole_matrix_at_those_rows_and_keys(name, causal, extra):
+    """A position-only bias at queries and keys that are not both contiguous (one contiguous and
+    the other gapped, either way round; both gapped; a single query) equals the bias of every
+    position 0 .. 30 at those rows and columns: a bias of positions i and j alone."""
+    torch.manual_seed(0)
+    sch = scheme_of(name, causal, extra, max_len=40)
+    whole = sch.position_bias(torch.arange(31), torch.arange(31))
+    gapped, run = torch.tensor([0, 2, 3, 7, 11, 12, 20, 30]), torch.arange(5, 13)
+    for q, k in ((run, gapped), (gapped, run), (gapped, gapped), (torch.tensor([9]), gapped)):
+        want = whole[..., q, :][..., k]
+        torch.testing.assert_close(sch.position_bias(q, k).expand_as(want), want, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, q=q, k=k: f"queries {q.tolist()}, keys {k.tolist()}: {m}")
+
+
+class _AbsoluteOnly(PositionalScheme):
+    """An absolute part alone, (1, H, Tq, Tk) = w_h * sin(i) * cos(j): no relative part."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.w = torch.nn.Parameter(torch.randn(self.n_heads))
+
+    def absolute_bias(self, q_pos, k_pos):
+        return (self.w[:, None, None] * q_pos.float().sin()[:, None] * k_pos.float().cos()[None, :])[None]
+
+
+def test_a_scheme_of_an_absolute_part_alone_and_one_of_both_kinds_of_bias():
+    """A scheme with no relative part: its position bias is its absolute part, at contiguous and
+    at gapped positions. ALiBi with ``_KeyScore``'s content bias besides: its bias is the
+    position bias plus the content bias."""
+    torch.manual_seed(0)
+    sch = _AbsoluteOnly(d_model=D, n_heads=H, max_len=32, causal=True)
+    for pos in (torch.arange(6) + 2, torch.tensor([0, 3, 4, 9])):
+        torch.testing.assert_close(sch.position_bias(pos, pos), sch.absolute_bias(pos, pos))
+    both = type("ALiBiWithKeys", (ALiBi,), {"content_bias": _KeyScore.content_bias})(d_model=D, n_heads=H,
+                                                                                      max_len=32, causal=True)
+    both.w = torch.nn.Parameter(torch.randn(D // H))
+    q, k, pos = torch.randn(2, H, 6, D // H), torch.randn(2, H, 6, D // H), torch.arange(6)
+    want = both.position_bias(pos, pos) + both.content_bias(q, k, pos, pos)
+    torch.testing.assert_close(both.bias(q, k, pos, pos), want)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5_bias", "shaw"])
+def test_the_masked_route_trains_under_bfloat16_autocast(name, monkeypatch):
+    """On the masked route (``attention.route=masked``) under the CPU's bfloat16 autocast the
+    float mask is cast to the call's dtype: output in bfloat16 within its rounding of the dense
+    formula in float32, every gradient within 3% (relative, of the norm)."""
+    monkeypatch.setattr("posenc.attention.flex_gates._setting", ["masked"])
+    torch.manual_seed(0)
+    attn = Attention(D, H, scheme_of(name, True, {}, max_len=64), True).train()
+    h, pos = torch.randn(2, 20, D, requires_grad=True), torch.arange(20)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = attn(h, pos)
+    assert y.dtype == torch.bfloat16
+    ref = dense_attention(attn, h, pos)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
+    wrt = trained_layer_gradients(attn, h)
+    up = torch.randn_like(ref)
+    for n, a, b in zip(wrt, grads(y.float(), up, list(wrt.values())), grads(ref, up, list(wrt.values()))):
+        assert flex_gates.relative_error(a, b) < 3e-2, n
