@@ -812,7 +812,8 @@ def test_a_layer_on_the_flex_route_equals_the_dense_reference(name, causal, extr
     h = torch.randn(2, T, D, requires_grad=True)
     pos = torch.arange(T) + 5
     plan = plan_attention([attn], h, pos)
-    assert (plan.name == FLEX) == takes_flex(name, extra, grad=True)
+    formed = flex_parts(sch, pos) is not None  # a scheme of one's own may have no flex form: a float-mask route
+    assert (plan.name == FLEX) == (takes_flex(name, extra, grad=True) and formed)
     y, ref = attn(h, pos, plan), dense_attention(attn, h, pos)
     torch.testing.assert_close(y, ref, atol=2e-5, rtol=2e-5)
     assert_same_gradients(y, ref, trained_layer_gradients(attn, h), atol=2e-5, rtol=2e-4)
@@ -828,6 +829,9 @@ def test_the_model_on_the_flex_route_equals_the_dense_reference(name, causal, ex
     torch.manual_seed(1)
     T = 40
     model = perturbed_model(name, causal, extra, max_len=T + 16)
+    if flex_parts(model.blocks[0].attn.scheme, torch.arange(T)) is None:  # one's own scheme with no flex form
+        assert not FLEX_ROUTE.serves(model.blocks[0].attn.scheme)
+        return
     built = []
     parts = flex_module.flex_parts
     monkeypatch.setattr(flex_module, "flex_parts", lambda s, pos: (len(pos) == T and built.append(s)) or parts(s, pos))
@@ -942,6 +946,9 @@ def test_the_probe_passes_a_kernel_that_is_right(name, causal, extra, grad, dtyp
 
     monkeypatch.setattr(flex_module, "flex_attend", recorded)
     attn = Attention(D, H, scheme_of(name, causal, extra, max_len=256), causal)
+    if flex_parts(attn.scheme, torch.arange(2)) is None:  # one's own scheme with no flex form: never probed
+        assert not FLEX_ROUTE.serves(attn.scheme)
+        return
     x = torch.zeros(1, 4, D, dtype=dtype)
     state = torch.get_rng_state()
     with torch.set_grad_enabled(grad):

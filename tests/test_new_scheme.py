@@ -209,6 +209,10 @@ OOT_EXPECTED = {
     "test_a_position_block_is_its_part_of_the_whole_mask": 2,
     "test_the_recomputed_route_keeps_nothing_of_size_t_squared_for_the_backward": 2,
     "test_each_schemes_flex_parts_give_its_bias_and_gradients_on_index_grids": 4,
+    "test_a_layer_on_the_flex_route_equals_the_dense_reference": 4,
+    "test_the_model_on_the_flex_route_equals_the_dense_reference": 2,
+    "test_the_probe_passes_a_kernel_that_is_right": 8,
+    "test_a_position_bias_at_any_positions_is_the_whole_matrix_at_those_rows_and_keys": 2,
 }
 
 
